@@ -1,0 +1,1 @@
+"""Single-node asynchronous RL orchestrator: supervisor, gate, sinks, workers."""

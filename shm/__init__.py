@@ -1,0 +1,1 @@
+"""Shared-memory transport: SPSC ring buffers, rollout codec, weight buffers."""
