@@ -1,0 +1,1 @@
+"""Inference and trainer backends (sim, torch, vllm) behind the protocols in base.py."""

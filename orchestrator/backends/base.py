@@ -1,0 +1,70 @@
+"""Backend protocols: what an inference worker and the trainer worker drive.
+
+An inference backend is stepped by its worker's main loop (poll control -> step -> emit). Generated
+tokens are stamped with the policy version the backend had loaded when it produced them, so one
+rollout can span versions (weights reload between decode steps). A trainer backend takes one
+columnar batch (`shm.codec.Sequences`) per step and exposes its weights as one flat byte buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+import numpy as np
+
+from shm.codec import Sequences
+
+
+@dataclass
+class GenRequest:
+    request_id: int            # supervisor-assigned, unique per run
+    prompt_id: int             # index into the task's prompt set (train or eval)
+    prompt_tokens: np.ndarray  # int32 [P]
+    n: int                     # samples to generate for this prompt (GRPO group size)
+    max_new_tokens: int
+    temperature: float
+    eval: bool = False
+
+
+@dataclass
+class GenResult:
+    request_id: int
+    # n sequences, each prompt + completion tokens; per-token logprobs (0 on prompt tokens),
+    # versions (-1 on prompt tokens), loss_mask (1 on generated tokens). rewards filled by the worker.
+    sequences: Sequences
+
+
+class InferenceBackend(Protocol):
+    def add(self, req: GenRequest) -> None: ...
+    def step(self, max_wait_s: float) -> list[GenResult]:
+        """Do at most one unit of work (one decode step for all active sequences; for sim, wait up to
+        max_wait_s for the next completion) and return the requests that finished."""
+    def num_active(self) -> int: ...
+    def abort(self, request_id: int) -> bool: ...
+    def load_weights(self, version: int, flat: memoryview) -> None:
+        """Install new weights between decode steps; later tokens are stamped with `version`."""
+    def weight_nbytes(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class TrainerBackend(Protocol):
+    def train_step(self, batch: Sequences) -> dict[str, float]:
+        """One optimizer step on a batch (advantages per sequence, loss_mask per token)."""
+    def weight_nbytes(self) -> int: ...
+    def write_weights(self, out: memoryview) -> None:
+        """Copy the current weights into `out` (len == weight_nbytes()) in the layout inference loads."""
+    def save(self, directory: str) -> None: ...
+    def load(self, directory: str) -> None: ...
+    def close(self) -> None: ...
+
+
+RewardFn = Callable[[int, np.ndarray, bool], float]  # (prompt_id, completion_tokens, eval) -> reward
+
+
+class Task(Protocol):
+    """A prompt set with a verifiable reward."""
+    def train_prompt(self, index: int) -> tuple[int, np.ndarray]: ...
+    def eval_prompts(self) -> list[tuple[int, np.ndarray]]: ...
+    def reward(self, prompt_id: int, completion: np.ndarray, eval: bool) -> float: ...
+    @property
+    def num_train(self) -> int: ...
