@@ -1,0 +1,39 @@
+"""Build the configured backends inside a worker process (heavy imports happen only here)."""
+from __future__ import annotations
+
+from orchestrator.config import Config
+
+
+def build_inference(cfg: Config, index: int):
+    """Return (backend, task or None). `task` fills rewards when the backend does not."""
+    seed = cfg.run.seed * 1000 + 17 + index
+    if cfg.inference.backend == "sim":
+        from orchestrator.backends.sim_inference import SimInference
+        return SimInference(cfg.inference.sim, seed=seed), None
+    if cfg.inference.backend == "torch":
+        from orchestrator.backends.torch_inference import TorchInference
+        from orchestrator.model import build_tokenizer
+        from orchestrator.task import make_task
+        device = "cuda:0" if cfg.inference.devices else "cpu"
+        backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
+                                 device=device, sample_seed=seed)
+        task = make_task(cfg.task, build_tokenizer(cfg.task.name), cfg.run.seed)
+        return backend, task
+    if cfg.inference.backend == "vllm":
+        from orchestrator.backends.vllm_inference import VllmInference
+        from orchestrator.model import build_tokenizer
+        from orchestrator.task import make_task
+        backend = VllmInference(cfg, index)
+        return backend, make_task(cfg.task, build_tokenizer(cfg.task.name), cfg.run.seed)
+    raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
+
+
+def build_trainer(cfg: Config):
+    if cfg.actor.backend == "sim":
+        from orchestrator.backends.sim_trainer import SimTrainer
+        return SimTrainer(cfg.actor.sim)
+    if cfg.actor.backend == "torch":
+        from orchestrator.backends.torch_trainer import TorchTrainer
+        device = "cuda:0" if cfg.actor.device != "cpu" else "cpu"
+        return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device)
+    raise ValueError(f"unknown actor.backend {cfg.actor.backend!r}")

@@ -1,0 +1,96 @@
+"""Dispatcher: in-queue of admitted prompts, out-queue of finished groups, pause/resume.
+
+It knows workers only as request rings and load counts; it does not know the gate or the sinks.
+`pump()` moves prompts from the in-queue to the least-loaded live worker (never while paused, never
+blocking: a full ring leaves the prompt queued) and returns what it submitted, so the caller can
+account for it. Finished groups are appended to the out-queue in completion order.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional
+
+from orchestrator import messages
+from orchestrator.channels import send
+
+
+class Dispatcher:
+    def __init__(self, rings: list, queue_size: int):
+        self.rings = list(rings)
+        self.queue_size = queue_size
+        self.in_queue: deque[messages.Generate] = deque()
+        self.out_queue: deque = deque()
+        self.inflight: dict[int, tuple[int, messages.Generate]] = {}   # request_id -> (worker, msg)
+        self.load = [0] * len(self.rings)
+        self.live = [True] * len(self.rings)
+        self.paused = False
+
+    # ---------------------------------------------------------------- input side
+    def enqueue(self, msg: messages.Generate, front: bool = False) -> None:
+        (self.in_queue.appendleft if front else self.in_queue.append)(msg)
+
+    def in_queue_full(self) -> bool:
+        return len(self.in_queue) >= self.queue_size
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def _pick(self) -> Optional[int]:
+        best = None
+        for i, ok in enumerate(self.live):
+            if ok and (best is None or self.load[i] < self.load[best]):
+                best = i
+        return best
+
+    def pump(self) -> list[messages.Generate]:
+        submitted = []
+        while self.in_queue and not self.paused:
+            w = self._pick()
+            if w is None:
+                break
+            msg = self.in_queue[0]
+            try:
+                send(self.rings[w], msg, timeout=0.0)
+            except TimeoutError:
+                break
+            self.in_queue.popleft()
+            self.inflight[msg.request_id] = (w, msg)
+            self.load[w] += 1
+            submitted.append(msg)
+        return submitted
+
+    # ---------------------------------------------------------------- output side
+    def finished(self, request_id: int, item) -> Optional[messages.Generate]:
+        """Record a finished request; returns its Generate message (None if unknown)."""
+        entry = self.inflight.pop(request_id, None)
+        if entry is None:
+            return None
+        self.load[entry[0]] -= 1
+        if item is not None:
+            self.out_queue.append(item)
+        return entry[1]
+
+    def out_queue_full(self) -> bool:
+        return len(self.out_queue) >= self.queue_size
+
+    # ---------------------------------------------------------------- workers
+    def broadcast(self, msg: messages.Msg, timeout: float = 10.0) -> None:
+        for i, ring in enumerate(self.rings):
+            if self.live[i]:
+                send(ring, msg, timeout=timeout)
+
+    def mark_dead(self, worker: int) -> list[messages.Generate]:
+        """Take a worker out of rotation; return its in-flight requests (for re-dispatch)."""
+        self.live[worker] = False
+        lost = [m for rid, (w, m) in list(self.inflight.items()) if w == worker]
+        for m in lost:
+            del self.inflight[m.request_id]
+        self.load[worker] = 0
+        return lost
+
+    def depths(self) -> dict[str, int]:
+        return {"in_queue": len(self.in_queue), "out_queue": len(self.out_queue),
+                "inflight": len(self.inflight)}

@@ -1,0 +1,337 @@
+"""The supervisor's event thread: gate -> dispatcher -> stamp -> sinks -> ship hold -> trainer,
+with the weight watcher, drain, the empty-batch guard, eval rounds and checkpoints.
+
+One iteration: read every worker->supervisor ring without blocking -> weight watcher -> admit while
+the gate has capacity -> pump the dispatcher -> stamp finished groups and feed the sinks -> build,
+persist and park full batches -> ship one when the trainer has caught up -> sleep on the doorbell
+if nothing happened. Invariants kept here: admission only through `StalenessGate`; at most one
+batch outstanding at the trainer (so a batch is trained at exactly `step - 1`); every batch is
+persisted under `batches/` before it ships; a drain at `run.total_steps`; N consecutive batches
+with nothing trainable stop the run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from orchestrator import messages
+from orchestrator.channels import recv, send
+from orchestrator.config import Config
+from orchestrator.dispatcher import Dispatcher
+from orchestrator.eval_sink import EvalSink
+from orchestrator.gate import StalenessGate
+from orchestrator.metrics import MetricsLog
+from orchestrator.prompts import PromptCursor
+from orchestrator.stamp import age_summary, stamp, token_ages
+from orchestrator.train_sink import BatchInfo, TrainSink
+from orchestrator.watcher import WeightWatcher
+from shm.codec import decode, encode
+
+log = logging.getLogger("orchestrator.event_loop")
+IDLE_WAIT_S = 0.05
+
+
+class RunFailed(RuntimeError):
+    """The run cannot continue; `exit_code` is 2 for bad input, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class EmptyBatches(RunFailed):
+    pass
+
+
+@dataclass
+class Parked:
+    step: int
+    record: bytes
+    info: BatchInfo
+    since: float
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class EventLoop:
+    def __init__(self, cfg: Config, run_dir: str, res, task, metrics: MetricsLog,
+                 start_step: int = 0, cursor: Optional[PromptCursor] = None, resumed: bool = False):
+        self.cfg, self.run_dir, self.res, self.metrics = cfg, run_dir, res, metrics
+        r = cfg.rollout
+        self.counter = res.counter
+        self.gate = StalenessGate(r.max_head_offpolicyness, r.consumer_batch_size, r.concurrency,
+                                  version=self.counter.get)
+        self.dispatcher = Dispatcher(res.inference_req, r.queue_size)
+        self.sink = TrainSink(r.consumer_batch_size, r.filter_zero_std)
+        self.eval_sink = EvalSink()
+        self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
+        self.task = task
+        self.cursor = cursor or PromptCursor(task)
+        self.stop_requested = False
+        self.resumed = resumed
+        # step accounting: steps are 1-based; batch k is trained at version k-1
+        self.start_step = start_step
+        self.built = start_step          # last batch built
+        self.trained = start_step        # last StepDone
+        self.outstanding: Optional[int] = None
+        self.parked: deque[Parked] = deque()
+        self.step_info: dict[int, tuple[BatchInfo, messages.StepDone, float]] = {}
+        self.next_request = 1
+        self.request_index: dict[int, int] = {}   # train request id -> prompt stream index
+        self.admitted_since_step = 0
+        self.admitted_total = 0
+        self.empty_run = 0
+        self.last_step_line: Optional[dict] = None
+        self.pending_ckpt: dict[int, str] = {}
+        self.done = False
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def target_accepted(self) -> int:
+        return self.cfg.run.total_steps * self.cfg.rollout.consumer_batch_size
+
+    def live_workers(self) -> list[int]:
+        return [i for i, ok in enumerate(self.dispatcher.live) if ok]
+
+    def snapshot(self) -> dict:
+        """Fields of a metrics tick (read from the metrics thread: plain reads only)."""
+        d = self.dispatcher.depths()
+        return {"version": self.counter.get(), "trained_step": self.trained,
+                "lag": self.trained - self.counter.get(), **d,
+                "sink_pending": len(self.sink.pending), "parked": len(self.parked),
+                "admitted_total": self.admitted_total, "capacity": self.gate.capacity(),
+                **{f"gate_{k}": v for k, v in self.gate.stats().items()},
+                "last_sync_s": self.watcher.last_sync_s}
+
+    # ------------------------------------------------------------------ inputs
+    def _on_control(self, msg) -> None:
+        if isinstance(msg, messages.Fatal):
+            code = 2 if msg.error.startswith("BadEnvOutput") else 1
+            raise RunFailed(f"{msg.role} worker {msg.index} failed: {msg.error}", code)
+        if isinstance(msg, messages.WeightsLoaded):
+            if self.watcher.on_ack(msg.index, msg.version) is not None:
+                self._on_synced()
+        elif isinstance(msg, messages.StepDone):
+            self._on_step_done(msg)
+        elif isinstance(msg, messages.CheckpointSaved):
+            self._on_checkpoint_saved(msg)
+
+    def _on_rollout(self, raw) -> None:
+        group = decode(raw)
+        gen = self.dispatcher.finished(group.ident, group)
+        if gen is None:
+            log.warning("dropping rollout for unknown request %d", group.ident)
+            return
+        if not gen.eval:
+            self.gate.on_accepted()
+
+    def drain_inputs(self) -> int:
+        n = 0
+        for ring in self.res.inference_ctl + [self.res.trainer_ctl]:
+            while (msg := recv(ring, 0.0)) is not None:
+                self._on_control(msg)
+                n += 1
+        for ring in self.res.inference_out:
+            while not self.dispatcher.out_queue_full():
+                try:
+                    raw = ring.get(timeout=0.0)
+                except TimeoutError:
+                    break
+                self._on_rollout(raw)
+                n += 1
+        return n
+
+    # ------------------------------------------------------------------ admission
+    def admit(self) -> int:
+        n = 0
+        if self.stop_requested:
+            return 0
+        r = self.cfg.rollout
+        while not self.dispatcher.in_queue and not self.dispatcher.paused:
+            s = self.gate.stats()
+            needed = self.target_accepted - (s["accepted"] + s["running"] + s["enqueued"])
+            if needed <= 0 or self.gate.capacity() <= 0:
+                break
+            index, pid, tokens = self.cursor.next()
+            rid = self.next_request
+            self.next_request += 1
+            self.request_index[rid] = index
+            self.gate.on_enqueued()
+            self.dispatcher.enqueue(messages.Generate(
+                request_id=rid, prompt_id=pid, prompt_tokens=tokens.tolist(), n=r.group_size,
+                max_new_tokens=r.max_new_tokens, temperature=r.temperature))
+            for m in self.dispatcher.pump():
+                if not m.eval:
+                    self.gate.on_submitted()
+                    n += 1
+        for m in self.dispatcher.pump():
+            if not m.eval:
+                self.gate.on_submitted()
+                n += 1
+        self.admitted_since_step += n
+        self.admitted_total += n
+        return n
+
+    def start_eval(self, step: int) -> None:
+        ids = []
+        for pid, tokens in self.task.eval_prompts():
+            rid = self.next_request
+            self.next_request += 1
+            ids.append(rid)
+            self.dispatcher.enqueue(messages.Generate(
+                request_id=rid, prompt_id=pid, prompt_tokens=np.asarray(tokens).tolist(), n=1,
+                max_new_tokens=self.cfg.rollout.max_new_tokens,
+                temperature=self.cfg.eval.temperature, eval=True))
+        self.eval_sink.start(step, ids)
+
+    # ------------------------------------------------------------------ sinks
+    def consume(self) -> int:
+        n = 0
+        while self.dispatcher.out_queue:
+            group = self.dispatcher.out_queue.popleft()
+            n += 1
+            if group.kind == 1:
+                summary = self.eval_sink.add(group.ident, group)
+                if summary:
+                    self.metrics.write(**summary)
+                continue
+            self.request_index.pop(group.ident, None)
+            for i in range(group.n):
+                sl = group.seq(i)
+                st = stamp(group.versions[sl], group.loss_mask[sl])
+                if st is not None and st.spans_versions:
+                    log.debug("request %d sample %d spans versions %s", group.ident, i, st.rle)
+            self.sink.add(group)
+        while self.sink.ready() and self.built < self.cfg.run.total_steps:
+            step = self.built + 1
+            batch, info = self.sink.take_batch(step, version=step - 1)
+            record = bytes(encode(batch))
+            atomic_write(os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec"), record)
+            self.parked.append(Parked(step, record, info, time.monotonic()))
+            self.built = step
+            n += 1
+        return n
+
+    def ship(self) -> bool:
+        if self.outstanding is not None or not self.parked or self.pending_ckpt:
+            return False
+        p = self.parked[0]
+        if p.step != self.trained + 1:
+            raise RunFailed(f"internal: batch {p.step} is next but trainer is at step {self.trained}")
+        try:
+            self.res.batches.put(p.record, timeout=0.0)
+        except TimeoutError:
+            return False
+        self.parked.popleft()
+        self.outstanding = p.step
+        self.step_info[p.step] = (p.info, None, time.monotonic() - p.since)
+        return True
+
+    # ------------------------------------------------------------------ trainer / watcher
+    def _on_step_done(self, msg: messages.StepDone) -> None:
+        if msg.step != self.outstanding:
+            raise RunFailed(f"trainer reported step {msg.step}, expected {self.outstanding}")
+        self.outstanding = None
+        self.trained = msg.step
+        info, _, parked = self.step_info[msg.step]
+        self.step_info[msg.step] = (info, msg, parked)
+        self.watcher.note_publish_time(msg.publish_time)
+        if info.trainable == 0:
+            self.empty_run += 1
+            if self.empty_run >= self.cfg.run.empty_batch_limit:
+                raise EmptyBatches(
+                    f"{self.empty_run} consecutive batches had nothing trainable after filtering "
+                    f"(run.empty_batch_limit={self.cfg.run.empty_batch_limit}): check the task's "
+                    f"reward function / environment", 1)
+        else:
+            self.empty_run = 0
+        every = self.cfg.run.checkpoint_every
+        if msg.step == self.cfg.run.total_steps or (every and msg.step % every == 0):
+            self.request_checkpoint(msg.step)
+
+    def _on_synced(self) -> None:
+        version = self.counter.get()
+        entry = self.step_info.pop(version, None)      # step k produced version k
+        if entry is None or entry[1] is None:
+            return
+        info, done, parked = entry
+        ages = token_ages(info.version, info.consumed.versions, info.consumed.loss_mask)
+        first_after_resume = self.resumed and done.step == self.start_step + 1
+        bound = (self.cfg.rollout.max_head_offpolicyness + 1) * self.cfg.rollout.consumer_batch_size
+        if first_after_resume and self.admitted_since_step > bound:
+            raise RunFailed(f"resume lost the staleness bound: {self.admitted_since_step} admissions "
+                            f"before the first step, more than (S+1)*B={bound}")
+        self.last_step_line = self.metrics.write(
+            "step", step=done.step, version=info.version, admitted=self.admitted_since_step,
+            **age_summary(ages), trainable=info.trainable,
+            out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
+            parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
+            reward_mean=info.reward_mean, loss=done.stats.get("loss"),
+            resumed=first_after_resume,
+            train_s=done.train_s, groups=info.groups,
+            **{f"train_{k}": v for k, v in done.stats.items() if k != "loss"})
+        self.admitted_since_step = 0
+        every = self.cfg.eval.every_steps
+        if every and done.step % every == 0 and not self.eval_sink.active:
+            self.start_eval(done.step)
+
+    def watch(self) -> None:
+        target = self.watcher.poll(self.live_workers())
+        if target is not None:
+            self.dispatcher.broadcast(messages.LoadWeights(version=target))
+            if self.watcher.target is None:      # committed at once (no live workers)
+                self._on_synced()
+
+    # ------------------------------------------------------------------ checkpoints
+    def request_checkpoint(self, step: int) -> None:
+        final = os.path.join(self.run_dir, "checkpoints", f"step_{step:08d}")
+        tmp = final + ".partial"
+        os.makedirs(tmp, exist_ok=True)
+        redo = sorted(set(self.request_index.values()))
+        state = {"step": step, "version": step, "gate": self.gate.state_dict(),
+                 "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
+                 "seed": self.cfg.run.seed, "time": time.time()}
+        atomic_write(os.path.join(tmp, "supervisor.json"), json.dumps(state).encode())
+        send(self.res.trainer_req, messages.SaveCheckpoint(step=step, directory=os.path.join(tmp, "trainer")))
+        self.pending_ckpt[step] = tmp
+
+    def _on_checkpoint_saved(self, msg: messages.CheckpointSaved) -> None:
+        tmp = self.pending_ckpt.pop(msg.step, None)
+        if tmp is None:
+            return
+        final = tmp[: -len(".partial")]
+        os.replace(tmp, final)
+        atomic_write(os.path.join(self.run_dir, "checkpoints", "latest"),
+                     os.path.basename(final).encode())
+
+    # ------------------------------------------------------------------ main
+    def finished(self) -> bool:
+        return (self.trained >= self.cfg.run.total_steps and self.outstanding is None
+                and not self.pending_ckpt and self.watcher.target is None
+                and self.counter.get() >= self.cfg.run.total_steps
+                and not self.eval_sink.active)
+
+    def iterate(self) -> bool:
+        """One turn of the loop; returns True when the run is complete."""
+        busy = self.drain_inputs()
+        self.watch()
+        busy += self.admit()
+        busy += self.consume()
+        busy += self.ship()
+        if self.finished():
+            return True
+        if not busy:
+            self.res.bell.wait(IDLE_WAIT_S)
+        return False

@@ -1,0 +1,99 @@
+"""Inference worker process: prompts in, rollout groups out, weight reloads between steps.
+
+Main loop: poll the request ring (Generate / LoadWeights / Abort / Shutdown, in supervisor order)
+-> one backend step -> emit finished groups (rewards filled by the task) -> check the parent.
+Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
+supervisor's weight watcher can bump the shared policy version.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from orchestrator import messages
+from orchestrator.backends.base import GenRequest
+from orchestrator.channels import recv
+from orchestrator.config import Config
+from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
+
+IDLE_WAIT_S = 0.05
+PUT_TIMEOUT_S = 60.0
+
+
+class BadEnvOutput(ValueError):
+    pass
+
+
+def _fill_rewards(seqs, task, is_eval: bool) -> None:
+    for i in range(seqs.n):
+        sl = seqs.seq(i)
+        completion = seqs.tokens[sl][seqs.prompt_lens[i]:]
+        r = task.reward(int(seqs.prompt_ids[i]), completion, is_eval)
+        if not isinstance(r, (int, float)) or not math.isfinite(r):
+            raise BadEnvOutput(f"task reward for prompt {int(seqs.prompt_ids[i])} is {r!r}, "
+                               f"not a finite number")
+        seqs.rewards[i] = r
+
+
+def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
+    from shm.codec import encode
+    from shm.ring import Ring
+    from shm.weights import WeightBuffer
+    from orchestrator.backends.factory import build_inference
+
+    cfg = Config.model_validate(spec.config)
+    backend, task = build_inference(cfg, spec.index)
+    nbytes = backend.weight_nbytes()
+    req = Ring.attach(spec.names.req("inference", spec.index))
+    out = Ring.attach(spec.names.out(spec.index))
+    wbuf = WeightBuffer.attach(spec.names.weights)
+    flat = bytearray(max(nbytes, 8))
+    evals: dict[int, bool] = {}
+    ctx.send(messages.Ready(role="inference", index=spec.index, pid=__import__("os").getpid(),
+                            weight_nbytes=nbytes))
+    try:
+        while True:
+            hint = backend.wait_hint() if hasattr(backend, "wait_hint") else (
+                0.0 if backend.num_active() else None)
+            wait = IDLE_WAIT_S if hint is None else min(hint, IDLE_WAIT_S)
+            msg = recv(req, timeout=wait)
+            while msg is not None:
+                if isinstance(msg, messages.Generate):
+                    evals[msg.request_id] = msg.eval
+                    backend.add(GenRequest(msg.request_id, msg.prompt_id,
+                                           np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
+                                           msg.max_new_tokens, msg.temperature, msg.eval))
+                elif isinstance(msg, messages.LoadWeights):
+                    got = wbuf.read_into(memoryview(flat), timeout=30.0) if nbytes else msg.version
+                    backend.load_weights(got, memoryview(flat)[:nbytes])
+                    ctx.send(messages.WeightsLoaded(index=spec.index, version=got))
+                elif isinstance(msg, messages.Abort):
+                    backend.abort(msg.request_id)
+                    evals.pop(msg.request_id, None)
+                elif isinstance(msg, messages.Shutdown):
+                    return
+                msg = recv(req, timeout=0.0)
+            for res in backend.step(0.0):
+                is_eval = evals.pop(res.request_id, False)
+                seqs = res.sequences
+                seqs.kind = 1 if is_eval else 0
+                if task is not None:
+                    try:
+                        _fill_rewards(seqs, task, is_eval)
+                    except BadEnvOutput as exc:
+                        ctx.send(messages.Rejected(index=spec.index, request_id=res.request_id,
+                                                   reason=str(exc)))
+                        continue
+                out.put(encode(seqs), timeout=PUT_TIMEOUT_S)
+                ctx.bell.ring()
+            ctx.check_parent()
+    finally:
+        backend.close()
+        for r in (req, out):
+            r.close()
+        wbuf.close()
+
+
+def main(spec: WorkerSpec) -> None:
+    worker_entry(spec, _main)

@@ -1,0 +1,61 @@
+"""Entry point: `python -m orchestrator.launch [--config PATH] [key=value ...]`.
+
+With no arguments it runs the embedded default job (`configs/default.yaml`). Exit codes: 0 success;
+2 bad configuration or input (one line naming the field, no traceback, nothing started, nothing in
+/dev/shm); 1 any other failure (message + log path); 128+signal when stopped by SIGINT/SIGTERM
+before the target. This module stays light: workers re-import it under the spawn start method.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m orchestrator.launch",
+                                description="Single-node asynchronous RL post-training runtime.")
+    p.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. run.total_steps=20")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    from orchestrator.config import ConfigError, load_config
+    from orchestrator.run_dir import RunDirError, prepare_run_dir
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        plan = prepare_run_dir(cfg)
+    except (ConfigError, RunDirError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    from orchestrator.event_loop import RunFailed
+    from orchestrator.progress import Progress
+    from orchestrator.supervisor import Supervisor
+
+    log_hint = f"{plan.run_dir}/logs"
+    progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress)
+    sup = Supervisor(cfg, plan.run_dir, start_step=plan.start_step, cursor_state=plan.cursor_state,
+                     checkpoint=plan.checkpoint, on_metrics=progress.update)
+    try:
+        code = sup.run()
+    except RunFailed as exc:
+        progress.close()
+        print(f"error: {exc} (logs: {log_hint})", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:
+        progress.close()
+        print(f"error: {type(exc).__name__}: {exc} (logs: {log_hint})", file=sys.stderr)
+        return 1
+    progress.close()
+    if code == 0:
+        print(f"done: {cfg.run.total_steps} steps, run dir {plan.run_dir}", file=sys.stderr)
+    else:
+        print(f"stopped by signal before the step target (run dir {plan.run_dir})", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Typed cross-process messages (the only control-plane wire format).
+
+Small control messages are msgspec Structs in one tagged union, encoded with msgpack. Bulk data
+(rollout groups, training batches) travels as `shm.codec.Sequences` records on their own rings.
+Nothing on the wire is a free-form dict: stats are `dict[str, float]` by design (numbers only).
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+class Msg(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+# supervisor -> inference worker (on the worker's request ring, in order with prompts)
+class Generate(Msg):
+    request_id: int
+    prompt_id: int
+    prompt_tokens: list[int]
+    n: int
+    max_new_tokens: int
+    temperature: float
+    eval: bool = False
+
+
+class LoadWeights(Msg):
+    version: int
+
+
+class Abort(Msg):
+    request_id: int
+
+
+class Shutdown(Msg):
+    reason: str = ""
+
+
+# supervisor -> trainer
+class SaveCheckpoint(Msg):
+    step: int
+    directory: str
+
+
+class LoadCheckpoint(Msg):
+    directory: str
+    version: int              # publish the loaded weights as this version
+
+
+# worker -> supervisor (control ring)
+class Ready(Msg):
+    role: str
+    index: int
+    pid: int
+    weight_nbytes: int
+
+
+class WeightsLoaded(Msg):
+    index: int
+    version: int
+
+
+class Rejected(Msg):
+    """An inference worker could not produce a valid rollout (bad env output); frees gate capacity."""
+    index: int
+    request_id: int
+    reason: str
+
+
+class StepDone(Msg):
+    step: int                 # 1-based trainer step just completed
+    version: int              # policy version now published (== weights in the weight buffer)
+    publish_time: float       # time.time() when the weights were published
+    train_s: float
+    stats: dict[str, float]
+
+
+class CheckpointSaved(Msg):
+    step: int
+    directory: str
+
+
+class Fatal(Msg):
+    role: str
+    index: int
+    error: str                # one-line summary
+    traceback: str
+
+
+Message = Union[Generate, LoadWeights, Abort, Shutdown, SaveCheckpoint, LoadCheckpoint, Ready,
+                WeightsLoaded, Rejected, StepDone, CheckpointSaved, Fatal]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Msg) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(buf) -> Message:
+    try:
+        return _decoder.decode(buf)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"malformed control message: {exc}") from None

@@ -1,0 +1,41 @@
+"""Console progress bar fed by metrics lines (step lines advance it; eval lines annotate it)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, stream=sys.stderr):
+        self.total, self.done, self.enabled, self.stream = total, start, enabled, stream
+        self.t0 = time.monotonic()
+        self.start = start
+        self.extra = ""
+        self._shown = False
+
+    def update(self, rec: dict) -> None:
+        if rec.get("kind") == "step":
+            self.done = rec["step"]
+            r = rec.get("reward_mean")
+            a = rec.get("age_max")
+            self.extra = f"reward {r:.3f} age_max {a}" if r is not None else ""
+        elif rec.get("kind") == "eval":
+            self.extra += f" | eval {rec['reward_mean']:.3f}"
+        else:
+            return
+        if not self.enabled:
+            return
+        width = 30
+        frac = min(1.0, self.done / self.total)
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        el = time.monotonic() - self.t0
+        rate = (self.done - self.start) / el if el > 0 else 0.0
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} steps {rate:5.1f} it/s {self.extra}   ")
+        self.stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._shown = False

@@ -1,0 +1,50 @@
+"""Per-token policy-version stamps: head (oldest), tail (newest) and run-length encoding.
+
+Computed over the loss-masked tokens of one sequence. The staleness bound and every reported age
+use the head: a trajectory that spans versions 3..5 is as old as its version-3 tokens. A sequence
+with no live tokens (replayed or externally supplied: versions all -1) has no stamp and is excluded
+from the age statistics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Stamp:
+    head: int                       # oldest version among loss-masked live tokens
+    tail: int                       # newest
+    rle: tuple[tuple[int, int], ...]  # (version, run length) in token order
+
+    @property
+    def spans_versions(self) -> bool:
+        return self.head != self.tail
+
+
+def stamp(versions: np.ndarray, loss_mask: np.ndarray) -> Optional[Stamp]:
+    """Stamp of one sequence, or None if it has no live loss-masked token."""
+    v = versions[loss_mask.astype(bool)]
+    if v.size == 0 or (v < 0).any():
+        return None
+    change = np.flatnonzero(np.diff(v)) + 1
+    starts = np.concatenate(([0], change))
+    lengths = np.diff(np.concatenate((starts, [v.size])))
+    rle = tuple((int(v[s]), int(n)) for s, n in zip(starts, lengths))
+    return Stamp(head=int(v.min()), tail=int(v.max()), rle=rle)
+
+
+def token_ages(train_version: int, versions: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """Ages (train_version - token version) of the loss-masked live tokens of a batch."""
+    m = loss_mask.astype(bool) & (versions >= 0)
+    return (train_version - versions[m]).astype(np.int64)
+
+
+def age_summary(ages: np.ndarray) -> dict[str, Optional[float]]:
+    if ages.size == 0:
+        return {"age_max": None, "age_p99": None, "age_mean": None}
+    return {"age_max": int(ages.max()),
+            "age_p99": float(np.percentile(ages, 99)),
+            "age_mean": float(ages.mean())}

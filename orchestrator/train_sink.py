@@ -1,0 +1,66 @@
+"""Train sink: finished groups -> advantages -> filter -> batch of B groups.
+
+Groups are consumed in completion order. Advantages are GRPO's: (r - group mean) / (group std + eps)
+for groups of more than one sample; singleton groups use the batch as their baseline. With
+`filter_zero_std`, groups whose rewards are all equal carry no signal and are dropped (a singleton
+batch is dropped only if every reward in it is equal). `trainable` is the number of samples left.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shm.codec import Sequences, concat
+
+EPS = 1e-6
+BATCH_KIND = 2
+
+
+@dataclass
+class BatchInfo:
+    step: int
+    version: int
+    groups: int
+    trainable: int
+    reward_mean: float
+    consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
+
+
+def _normalise(r: np.ndarray) -> np.ndarray:
+    return ((r - r.mean()) / (r.std() + EPS)).astype(np.float32)
+
+
+class TrainSink:
+    def __init__(self, batch_size: int, filter_zero_std: bool):
+        self.batch_size = batch_size
+        self.filter_zero_std = filter_zero_std
+        self.pending: list[Sequences] = []
+
+    def add(self, group: Sequences) -> None:
+        self.pending.append(group)
+
+    def ready(self) -> bool:
+        return len(self.pending) >= self.batch_size
+
+    def take_batch(self, step: int, version: int) -> tuple[Sequences, BatchInfo]:
+        groups, self.pending = self.pending[:self.batch_size], self.pending[self.batch_size:]
+        consumed = concat(groups, kind=BATCH_KIND, ident=step, version=version)
+        rewards = consumed.rewards.astype(np.float64)
+        keep, advs = [], []
+        if all(g.n == 1 for g in groups):
+            if not (self.filter_zero_std and np.ptp(rewards) == 0):
+                keep, advs = groups, [_normalise(rewards)]
+        else:
+            for g in groups:
+                r = g.rewards.astype(np.float64)
+                if self.filter_zero_std and np.ptp(r) == 0:
+                    continue
+                keep.append(g)
+                advs.append(_normalise(r) if g.n > 1 else np.zeros(1, np.float32))
+        batch = concat(keep, kind=BATCH_KIND, ident=step, version=version)
+        batch.advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
+        info = BatchInfo(step=step, version=version, groups=len(groups), trainable=batch.n,
+                         reward_mean=float(rewards.mean()) if rewards.size else 0.0,
+                         consumed=consumed)
+        return batch, info

@@ -1,0 +1,104 @@
+"""What every worker process does around its main loop.
+
+`worker_entry(spec, main)` is the spawn target: it dies with the supervisor (PR_SET_PDEATHSIG plus a
+parent-pid watch), pins its devices (CUDA_VISIBLE_DEVICES before any torch import) or CPU threads,
+logs to `run.dir/logs/<role><index>.log`, attaches its control ring, runs `main(spec, ctx)`, and on
+any exception sends a `Fatal` message with the traceback before exiting 1.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+from orchestrator import messages
+from orchestrator.channels import Bell, RunNames, send
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str                    # "inference" | "trainer"
+    index: int
+    names: RunNames
+    config: dict                 # the resolved Config, as plain data (validated again in the child)
+    parent_pid: int
+    run_dir: str
+    devices: tuple[str, ...] = ()
+    threads: int = 1
+    env: dict = field(default_factory=dict)
+
+
+class ParentGone(SystemExit):
+    pass
+
+
+class WorkerContext:
+    def __init__(self, spec: WorkerSpec, ctl, bell: Bell):
+        self.spec, self.ctl, self.bell = spec, ctl, bell
+        self.log = logging.getLogger(f"{spec.role}{spec.index}")
+
+    def send(self, msg: messages.Msg, timeout: float = 30.0) -> None:
+        send(self.ctl, msg, timeout)
+        self.bell.ring()
+
+    def check_parent(self) -> None:
+        if os.getppid() != self.spec.parent_pid:
+            raise ParentGone(3)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:      # parent died before prctl took effect
+        os._exit(3)
+
+
+def _setup_process(spec: WorkerSpec) -> None:
+    _die_with_parent(spec.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor decides when we stop
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[k] = str(spec.threads)
+    os.environ.update(spec.env)
+    logdir = os.path.join(spec.run_dir, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    logging.basicConfig(filename=os.path.join(logdir, f"{spec.role}{spec.index}.log"),
+                        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], None]) -> None:
+    from shm.ring import Ring
+    _setup_process(spec)
+    ctl = Ring.attach(spec.names.ctl(spec.role, spec.index))
+    bell = Bell.attach(spec.names.bell)
+    ctx = WorkerContext(spec, ctl, bell)
+    code = 0
+    try:
+        main(spec, ctx)
+    except ParentGone:
+        code = 3
+    except BaseException as exc:      # process boundary: report, then exit non-zero
+        code = 1
+        tb = traceback.format_exc()
+        ctx.log.error("fatal: %s", tb)
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        try:
+            ctx.send(messages.Fatal(role=spec.role, index=spec.index, error=line, traceback=tb),
+                     timeout=2.0)
+        except Exception:
+            pass
+    finally:
+        logging.shutdown()
+        ctl.close()
+        bell.close()
+    sys.exit(code)

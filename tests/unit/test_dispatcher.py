@@ -1,0 +1,68 @@
+"""Dispatcher over real rings: least-loaded submission, pause/resume, full rings, dead workers."""
+import secrets
+
+import pytest
+
+from orchestrator import messages
+from orchestrator.channels import recv
+from orchestrator.dispatcher import Dispatcher
+from shm.ring import Ring
+
+
+@pytest.fixture
+def rings():
+    tag = secrets.token_hex(3)
+    rs = [Ring.create(f"/arl_t{tag}_d{i}", 4096) for i in range(2)]
+    yield rs
+    for r in rs:
+        r.close()
+        r.unlink()
+
+
+def gen(rid):
+    return messages.Generate(request_id=rid, prompt_id=rid, prompt_tokens=[1, 2], n=1,
+                             max_new_tokens=4, temperature=1.0)
+
+
+def test_least_loaded_round_robin_and_finish(rings):
+    d = Dispatcher(rings, queue_size=16)
+    for rid in range(4):
+        d.enqueue(gen(rid))
+    assert [m.request_id for m in d.pump()] == [0, 1, 2, 3]
+    assert d.load == [2, 2]
+    got = [recv(rings[0]).request_id, recv(rings[0]).request_id]
+    assert got == [0, 2]
+    assert d.finished(0, "g0").request_id == 0 and d.load == [1, 2]
+    assert d.finished(0, "again") is None
+    assert list(d.out_queue) == ["g0"]
+
+
+def test_pause_holds_prompts_in_the_in_queue(rings):
+    d = Dispatcher(rings, queue_size=16)
+    d.pause()
+    d.enqueue(gen(1))
+    assert d.pump() == [] and len(d.in_queue) == 1
+    d.resume()
+    assert [m.request_id for m in d.pump()] == [1]
+
+
+def test_full_ring_leaves_prompt_queued(rings):
+    d = Dispatcher(rings[:1], queue_size=10**6)
+    n = 0
+    while True:
+        d.enqueue(gen(n))
+        if not d.pump():
+            break
+        n += 1
+    assert n > 10 and len(d.in_queue) == 1
+
+
+def test_dead_worker_returns_its_inflight(rings):
+    d = Dispatcher(rings, queue_size=16)
+    for rid in range(4):
+        d.enqueue(gen(rid))
+    d.pump()
+    lost = d.mark_dead(1)
+    assert sorted(m.request_id for m in lost) == [1, 3]
+    d.enqueue(gen(9))
+    assert [m.request_id for m in d.pump()] == [9] and d.load[0] == 3
