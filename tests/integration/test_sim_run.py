@@ -65,3 +65,23 @@ def test_bad_config_exits_2_with_one_line_and_creates_nothing(tmp_path):
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "x").exists()
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_resume_continues_steps_and_keeps_the_bound(tmp_path):
+    first = launch(f"run.dir={tmp_path}", "run.total_steps=20", "run.checkpoint_every=10")
+    assert first.returncode == 0, first.stderr
+    second = launch(f"run.dir={tmp_path}", "run.total_steps=35", "run.resume=must")
+    assert second.returncode == 0, second.stderr
+    steps = steps_of(read_metrics(tmp_path))
+    assert [r["step"] for r in steps] == list(range(1, 36))
+    resumed = [r for r in steps if r["resumed"]]
+    assert [r["step"] for r in resumed] == [21]
+    assert resumed[0]["admitted"] <= (2 + 1) * 8
+    assert all(r["age_max"] <= 2 for r in steps)
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000035"
+
+
+def test_resume_must_without_checkpoint_exits_2(tmp_path):
+    out = launch(f"run.dir={tmp_path}", "run.resume=must")
+    assert out.returncode == 2
+    assert "no checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 1
