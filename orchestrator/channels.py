@@ -40,14 +40,15 @@ class RunNames:
     def weights(self) -> str:
         return self._n("weights")
 
-    def req(self, role: str, index: int) -> str:
-        return self._n(f"req_{role}{index}")
+    # `gen` counts restarts of a worker: a restarted worker gets fresh rings
+    def req(self, role: str, index: int, gen: int = 0) -> str:
+        return self._n(f"req_{role}{index}g{gen}")
 
-    def ctl(self, role: str, index: int) -> str:
-        return self._n(f"ctl_{role}{index}")
+    def ctl(self, role: str, index: int, gen: int = 0) -> str:
+        return self._n(f"ctl_{role}{index}g{gen}")
 
-    def out(self, index: int) -> str:
-        return self._n(f"out_inference{index}")
+    def out(self, index: int, gen: int = 0) -> str:
+        return self._n(f"out_inference{index}g{gen}")
 
     @property
     def batches(self) -> str:

@@ -47,6 +47,7 @@ class SimInferenceConfig(_Section):
     completion_tokens: int = Field(16, ge=1, description="tokens generated per rollout")
     prompt_tokens: int = Field(8, ge=1, description="tokens per prompt")
     reward_p: float = Field(0.5, ge=0, le=1, description="probability that a sim rollout gets reward 1")
+    reload_delay_s: float = Field(0.0, ge=0, description="time a weight reload takes (slow-sync experiments)")
 
     @model_validator(mode="after")
     def _bounds(self) -> "SimInferenceConfig":
@@ -61,6 +62,9 @@ class InferenceConfig(_Section):
     devices: list[str] = Field(default_factory=list, description="CUDA devices per worker, e.g. ['0','1']; empty: CPU")
     threads_per_worker: int = Field(1, ge=1, description="torch intra-op threads per CPU worker")
     max_batch: int = Field(64, ge=1, description="sequences decoded together per step (torch backend)")
+    on_worker_death: Literal["restart", "fail"] = Field(
+        "restart", description="a dead inference worker: re-dispatch its prompts and restart it, or fail the run")
+    max_restarts: int = Field(3, ge=0, description="inference worker restarts allowed per run")
     sim: SimInferenceConfig = Field(default_factory=SimInferenceConfig)
 
 

@@ -32,7 +32,7 @@ from orchestrator.prompts import PromptCursor
 from orchestrator.stamp import age_summary, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink
 from orchestrator.watcher import WeightWatcher
-from shm.codec import decode, encode
+from shm.codec import Sequences, concat, decode, encode
 
 log = logging.getLogger("orchestrator.event_loop")
 IDLE_WAIT_S = 0.05
@@ -56,6 +56,19 @@ class Parked:
     record: bytes
     info: BatchInfo
     since: float
+
+
+def slice_group(s: Sequences, start: int, n: int) -> Sequences:
+    """Sequences [start, start+n) of a record, as a new record (copies)."""
+    lo, hi = int(s.offsets[start]), int(s.offsets[start + n])
+    return Sequences(kind=s.kind, ident=s.ident, version=s.version,
+                     offsets=(s.offsets[start:start + n + 1] - lo).copy(),
+                     prompt_lens=s.prompt_lens[start:start + n].copy(),
+                     prompt_ids=s.prompt_ids[start:start + n].copy(),
+                     tokens=s.tokens[lo:hi].copy(), logprobs=s.logprobs[lo:hi].copy(),
+                     versions=s.versions[lo:hi].copy(), loss_mask=s.loss_mask[lo:hi].copy(),
+                     rewards=s.rewards[start:start + n].copy(),
+                     advantages=s.advantages[start:start + n].copy(), scalars=s.scalars.copy())
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -95,7 +108,9 @@ class EventLoop:
         self.empty_run = 0
         self.last_step_line: Optional[dict] = None
         self.pending_ckpt: dict[int, str] = {}
-        self.done = False
+        self.last_ckpt = start_step
+        self.abort = False
+        self.reused = 0
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -127,6 +142,31 @@ class EventLoop:
             self._on_step_done(msg)
         elif isinstance(msg, messages.CheckpointSaved):
             self._on_checkpoint_saved(msg)
+        elif isinstance(msg, messages.Ready) and msg.role == "inference":
+            self._revive(msg.index)
+
+    # ------------------------------------------------------------------ worker lifecycle
+    def worker_lost(self, i: int) -> None:
+        """An inference worker died: its in-flight prompts go back to the front of the in-queue."""
+        for m in self.dispatcher.mark_dead(i):
+            if not m.eval:
+                self.gate.on_aborted()
+                self.gate.on_enqueued()
+            self.dispatcher.enqueue(m, front=True)
+        if self.watcher.forget_worker(i) is not None:
+            self._on_synced()
+
+    def replace_worker_rings(self, i: int, req, out, ctl) -> None:
+        self.res.inference_req[i] = self.dispatcher.rings[i] = req
+        self.res.inference_out[i] = out
+        self.res.inference_ctl[i] = ctl
+
+    def _revive(self, i: int) -> None:
+        """A restarted worker is ready: load the latest published weights first, then serve."""
+        if self.res.weights.latest_version() >= 0 or self.counter.get() > 0:
+            send(self.dispatcher.rings[i], messages.LoadWeights(version=self.counter.get()))
+        self.dispatcher.live[i] = True
+        log.info("inference worker %d back in rotation", i)
 
     def _on_rollout(self, raw) -> None:
         group = decode(raw)
@@ -207,7 +247,6 @@ class EventLoop:
                 if summary:
                     self.metrics.write(**summary)
                 continue
-            self.request_index.pop(group.ident, None)
             for i in range(group.n):
                 sl = group.seq(i)
                 st = stamp(group.versions[sl], group.loss_mask[sl])
@@ -247,6 +286,8 @@ class EventLoop:
         self.trained = msg.step
         info, _, parked = self.step_info[msg.step]
         self.step_info[msg.step] = (info, msg, parked)
+        for g in info.parts:
+            self.request_index.pop(g.ident, None)
         self.watcher.note_publish_time(msg.publish_time)
         if info.trainable == 0:
             self.empty_run += 1
@@ -299,10 +340,15 @@ class EventLoop:
         final = os.path.join(self.run_dir, "checkpoints", f"step_{step:08d}")
         tmp = final + ".partial"
         os.makedirs(tmp, exist_ok=True)
+        finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
+        reuse = [[self.request_index[g.ident], g.n] for g in finished]
+        if finished:
+            atomic_write(os.path.join(tmp, "rollouts.rec"),
+                         bytes(encode(concat(finished, kind=0, ident=step, version=-1))))
         redo = sorted(set(self.request_index.values()))
         state = {"step": step, "version": step, "gate": self.gate.state_dict(),
                  "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
-                 "seed": self.cfg.run.seed, "time": time.time()}
+                 "reuse": reuse, "seed": self.cfg.run.seed, "time": time.time()}
         atomic_write(os.path.join(tmp, "supervisor.json"), json.dumps(state).encode())
         send(self.res.trainer_req, messages.SaveCheckpoint(step=step, directory=os.path.join(tmp, "trainer")))
         self.pending_ckpt[step] = tmp
@@ -315,6 +361,38 @@ class EventLoop:
         os.replace(tmp, final)
         atomic_write(os.path.join(self.run_dir, "checkpoints", "latest"),
                      os.path.basename(final).encode())
+        self.last_ckpt = max(self.last_ckpt, msg.step)
+
+    def reuse_rollouts(self, checkpoint: str) -> None:
+        """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint
+        go straight to the sink when their head is within the bound; the rest are regenerated."""
+        state = json.load(open(os.path.join(checkpoint, "supervisor.json")))
+        reuse = state.get("reuse", [])
+        if not reuse:
+            return
+        with open(os.path.join(checkpoint, "rollouts.rec"), "rb") as f:
+            saved = decode(f.read())
+        version, S = self.counter.get(), self.cfg.rollout.max_head_offpolicyness
+        start, redo = 0, []
+        for index, n in reuse:
+            part = slice_group(saved, start, n)
+            start += n
+            heads = [st.head for i in range(n)
+                     if (st := stamp(part.versions[part.seq(i)], part.loss_mask[part.seq(i)]))]
+            if heads and version - min(heads) <= S and self.gate.capacity() > 0:
+                rid = self.next_request
+                self.next_request += 1
+                part.ident = rid
+                self.request_index[rid] = index
+                self.gate.on_enqueued()
+                self.gate.on_submitted()
+                self.gate.on_accepted()
+                self.sink.add(part)
+                self.reused += 1
+            else:
+                redo.append(index)
+        self.cursor.redo = deque(sorted(set(self.cursor.redo) - {i for i, _ in reuse} | set(redo)))
+        log.info("reused %d finished rollouts from %s", self.reused, checkpoint)
 
     # ------------------------------------------------------------------ main
     def finished(self) -> bool:
@@ -322,6 +400,15 @@ class EventLoop:
                 and not self.pending_ckpt and self.watcher.target is None
                 and self.counter.get() >= self.cfg.run.total_steps
                 and not self.eval_sink.active)
+
+    def drained(self) -> bool:
+        """After a stop request: nothing in flight, nothing shippable, trainer idle, checkpointed."""
+        idle = (not self.dispatcher.inflight and self.outstanding is None and not self.parked
+                and self.watcher.target is None and not self.pending_ckpt)
+        if idle and self.last_ckpt < self.trained:
+            self.request_checkpoint(self.trained)
+            return False
+        return idle
 
     def iterate(self) -> bool:
         """One turn of the loop; returns True when the run is complete."""

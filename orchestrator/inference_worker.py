@@ -8,6 +8,7 @@ supervisor's weight watcher can bump the shared policy version.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -43,14 +44,14 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from orchestrator.backends.factory import build_inference
 
     cfg = Config.model_validate(spec.config)
-    backend, task = build_inference(cfg, spec.index)
+    backend, task = build_inference(cfg, spec.index, spec.gen)
     nbytes = backend.weight_nbytes()
-    req = Ring.attach(spec.names.req("inference", spec.index))
-    out = Ring.attach(spec.names.out(spec.index))
+    req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
+    out = Ring.attach(spec.names.out(spec.index, spec.gen))
     wbuf = WeightBuffer.attach(spec.names.weights)
     flat = bytearray(max(nbytes, 8))
     evals: dict[int, bool] = {}
-    ctx.send(messages.Ready(role="inference", index=spec.index, pid=__import__("os").getpid(),
+    ctx.send(messages.Ready(role="inference", index=spec.index, pid=os.getpid(),
                             weight_nbytes=nbytes))
     try:
         while True:

@@ -1,11 +1,16 @@
 """Supervisor: owns every process, shm segment and semaphore of a run, in one place.
 
-`Supervisor(cfg).run()` sweeps segments of dead runs, creates the run directory and every shm object
-(named `arl_<run_id>_*`), spawns the trainer and inference workers (spawn start method, disjoint
-devices), waits for them to report ready, runs the event thread and the metrics thread, and frees
-everything in one `finally`: Shutdown message -> join -> terminate -> kill, then close and unlink
-every segment. SIGINT/SIGTERM stop admission, give in-flight work a drain window, then shut down;
-the process is gone within `run.shutdown_timeout_s` plus a small constant. Every wait has a timeout.
+`Supervisor(cfg, run_dir).run()` sweeps segments of dead runs, creates every shm object (named
+`arl_<run_id>_*`), spawns the trainer and inference workers (spawn start method, disjoint devices),
+waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
+the metrics thread, and frees everything in one `finally`: Shutdown message -> join -> terminate ->
+kill, then close and unlink every segment. A dead inference worker is restarted on fresh rings (its
+prompts re-dispatched by the event loop) or fails the run, per `inference.on_worker_death`; a dead
+trainer fails the run. SIGINT/SIGTERM stop admission and open a drain window (half of
+`run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a checkpoint is taken);
+then workers are terminated and killed, all within `run.shutdown_timeout_s` plus a small constant.
+Processes are only ever spawned from the main thread (PR_SET_PDEATHSIG is tied to the spawning
+thread). Every wait has a timeout.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import queue
 import secrets
 import signal
 import threading
@@ -24,7 +30,7 @@ from orchestrator import messages
 from orchestrator.channels import (BATCH_RING_BYTES, CTL_RING_BYTES, OUT_RING_BYTES, REQ_RING_BYTES,
                                    Bell, RunNames, recv, send)
 from orchestrator.config import Config
-from orchestrator.event_loop import EventLoop, RunFailed
+from orchestrator.event_loop import EventLoop, RunFailed, atomic_write
 from orchestrator.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
 from orchestrator.worker_base import WorkerSpec
@@ -46,6 +52,29 @@ class Resources:
     batches: object = None
     owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
 
+    def own(self, obj):
+        self.owned.append(obj)
+        return obj
+
+    def disown(self, obj) -> None:
+        self.owned.remove(obj)
+        _free(obj)
+
+    def inference_rings(self, i: int, gen: int) -> tuple:
+        from shm.ring import Ring
+        n = self.names
+        return (self.own(Ring.create(n.req("inference", i, gen), REQ_RING_BYTES)),
+                self.own(Ring.create(n.out(i, gen), OUT_RING_BYTES)),
+                self.own(Ring.create(n.ctl("inference", i, gen), CTL_RING_BYTES)))
+
+
+def _free(obj) -> None:
+    for fn in ("close", "unlink"):
+        try:
+            getattr(obj, fn)()
+        except Exception as exc:      # keep freeing the rest
+            log.warning("freeing %r: %s", obj, exc)
+
 
 def create_resources(names: RunNames, weight_nbytes: int) -> Resources:
     from shm.counter import SharedCounter
@@ -53,22 +82,18 @@ def create_resources(names: RunNames, weight_nbytes: int) -> Resources:
     from shm.weights import WeightBuffer
 
     res = Resources(names)
-
-    def own(obj):
-        res.owned.append(obj)
-        return obj
-
     try:
-        res.bell = own(Bell.create(names.bell))
-        res.counter = own(SharedCounter.create(names.version))
-        res.weights = own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
+        res.counter = res.own(SharedCounter.create(names.version))
+        res.bell = res.own(Bell.create(names.bell))
+        res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
         for i in range(names.num_inference):
-            res.inference_req.append(own(Ring.create(names.req("inference", i), REQ_RING_BYTES)))
-            res.inference_out.append(own(Ring.create(names.out(i), OUT_RING_BYTES)))
-            res.inference_ctl.append(own(Ring.create(names.ctl("inference", i), CTL_RING_BYTES)))
-        res.trainer_req = own(Ring.create(names.req("trainer", 0), REQ_RING_BYTES))
-        res.trainer_ctl = own(Ring.create(names.ctl("trainer", 0), CTL_RING_BYTES))
-        res.batches = own(Ring.create(names.batches, BATCH_RING_BYTES))
+            req, out, ctl = res.inference_rings(i, 0)
+            res.inference_req.append(req)
+            res.inference_out.append(out)
+            res.inference_ctl.append(ctl)
+        res.trainer_req = res.own(Ring.create(names.req("trainer", 0), REQ_RING_BYTES))
+        res.trainer_ctl = res.own(Ring.create(names.ctl("trainer", 0), CTL_RING_BYTES))
+        res.batches = res.own(Ring.create(names.batches, BATCH_RING_BYTES))
     except BaseException:
         free_resources(res)
         raise
@@ -77,11 +102,7 @@ def create_resources(names: RunNames, weight_nbytes: int) -> Resources:
 
 def free_resources(res: Resources) -> None:
     for obj in reversed(res.owned):
-        for fn in ("close", "unlink"):
-            try:
-                getattr(obj, fn)()
-            except Exception as exc:      # keep freeing the rest
-                log.warning("freeing %r: %s", obj, exc)
+        _free(obj)
     res.owned.clear()
 
 
@@ -90,88 +111,127 @@ class Supervisor:
                  cursor_state: Optional[dict] = None, checkpoint: Optional[str] = None,
                  on_metrics=None):
         self.cfg = cfg
-        self.checkpoint = checkpoint
-        self.on_metrics = on_metrics
         self.run_dir = run_dir
         self.start_step = start_step
         self.cursor_state = cursor_state
-        self.procs: list[tuple[str, int, mp.Process]] = []
+        self.checkpoint = checkpoint
+        self.on_metrics = on_metrics
+        self.procs: dict[tuple[str, int], mp.Process] = {}
+        self.gens: dict[int, int] = {}
+        self.restarts = 0
         self.loop: Optional[EventLoop] = None
         self._stop = threading.Event()
         self._signal: Optional[int] = None
+        self._signal_at: Optional[float] = None
+        self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, res: Resources) -> None:
-        from orchestrator import inference_worker, trainer_worker
-        ctx = mp.get_context("spawn")
+    def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
         cfg = self.cfg
         data = cfg.model_dump(mode="json")
+        if role == "trainer":
+            devices = (cfg.actor.device,) if cfg.actor.device != "cpu" else ()
+            return WorkerSpec("trainer", 0, res.names, data, os.getpid(), self.run_dir,
+                              devices=devices, threads=cfg.actor.threads)
         devs = cfg.inference.devices
         per = max(1, len(devs) // cfg.inference.num_workers) if devs else 0
-        specs = [("trainer", 0, trainer_worker.main,
-                  WorkerSpec("trainer", 0, res.names, data, os.getpid(), self.run_dir,
-                             devices=(cfg.actor.device,) if cfg.actor.device != "cpu" else (),
-                             threads=cfg.actor.threads))]
-        for i in range(cfg.inference.num_workers):
-            specs.append(("inference", i, inference_worker.main,
-                          WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir,
-                                     devices=tuple(devs[i * per:(i + 1) * per]),
-                                     threads=cfg.inference.threads_per_worker)))
-        for role, i, target, spec in specs:
-            p = ctx.Process(target=target, args=(spec,), name=f"arl-{role}{i}", daemon=False)
-            p.start()
-            self.procs.append((role, i, p))
+        return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
+                          devices=tuple(devs[i * per:(i + 1) * per]),
+                          threads=cfg.inference.threads_per_worker)
 
-    def _wait_ready(self, res: Resources) -> dict:
-        want = {("trainer", 0)} | {("inference", i) for i in range(self.cfg.inference.num_workers)}
-        ready = {}
+    def _start(self, spec: WorkerSpec) -> None:
+        from orchestrator import inference_worker, trainer_worker
+        assert threading.current_thread() is threading.main_thread()
+        target = trainer_worker.main if spec.role == "trainer" else inference_worker.main
+        p = mp.get_context("spawn").Process(target=target, args=(spec,), daemon=False,
+                                            name=f"arl-{spec.role}{spec.index}g{spec.gen}")
+        p.start()
+        self.procs[(spec.role, spec.index)] = p
+        pids = {f"{r}{i}": q.pid for (r, i), q in self.procs.items()}
+        atomic_write(os.path.join(self.run_dir, "logs", "pids.json"), json.dumps(pids).encode())
+
+    def _wait_ready(self, res: Resources) -> None:
+        rings = {("trainer", 0): res.trainer_ctl}
+        rings.update({("inference", i): r for i, r in enumerate(res.inference_ctl)})
+        pending = set(rings)
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
-        rings = [("trainer", 0, res.trainer_ctl)] + [("inference", i, r) for i, r in enumerate(res.inference_ctl)]
-        while want - ready.keys():
+        while pending:
             if self._stop.is_set():
                 raise RunFailed("interrupted during startup")
             if time.monotonic() > deadline:
-                raise RunFailed(f"workers {sorted(want - ready.keys())} not ready within "
+                raise RunFailed(f"workers {sorted(pending)} not ready within "
                                 f"run.startup_timeout_s={self.cfg.run.startup_timeout_s}")
-            for role, i, ring in rings:
-                msg = recv(ring, 0.0)
+            for key in list(pending):
+                msg = recv(rings[key], 0.0)
                 if isinstance(msg, messages.Fatal):
                     code = 2 if msg.error.startswith(("ValueError", "ConfigError")) else 1
-                    raise RunFailed(f"{role} worker {i} failed at startup: {msg.error}", code)
+                    raise RunFailed(f"{key[0]} worker {key[1]} failed at startup: {msg.error}", code)
                 if isinstance(msg, messages.Ready):
-                    ready[(role, i)] = msg
-            self._check_procs()
+                    pending.discard(key)
+            self._check_procs(startup=True)
             res.bell.wait(0.05)
-        return ready
 
-    def _check_procs(self) -> None:
-        for role, i, p in self.procs:
-            if p.exitcode is not None:
-                raise RunFailed(f"{role} worker {i} (pid {p.pid}) exited with code {p.exitcode}; "
-                                f"see {self.run_dir}/logs/{role}{i}.log")
+    def _check_procs(self, startup: bool = False) -> None:
+        """Called from the event thread: detect dead workers and decide what follows."""
+        for (role, i), p in list(self.procs.items()):
+            if p.exitcode is None:
+                continue
+            where = f"see {self.run_dir}/logs/{role}{i}.log"
+            if role == "trainer" or startup:
+                extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"
+                raise RunFailed(f"{role} worker {i} (pid {p.pid}) died with exit code {p.exitcode}"
+                                f"{extra}; {where}")
+            if self.cfg.inference.on_worker_death == "fail" or self.restarts >= self.cfg.inference.max_restarts:
+                raise RunFailed(f"inference worker {i} (pid {p.pid}) died with exit code {p.exitcode} "
+                                f"(restarts used {self.restarts}/{self.cfg.inference.max_restarts}, "
+                                f"inference.on_worker_death={self.cfg.inference.on_worker_death}); {where}")
+            del self.procs[(role, i)]
+            self.restarts += 1
+            log.warning("inference worker %d died (exit %s); restarting", i, p.exitcode)
+            self.loop.metrics.write("event", event="worker_restart", worker=i, exitcode=p.exitcode,
+                                    restarts=self.restarts)
+            self.loop.worker_lost(i)
+            self._respawn.put(self._fresh_rings(i))
 
-    def _stop_procs(self, res: Resources, budget_s: float) -> None:
-        deadline = time.monotonic() + budget_s
+    def _fresh_rings(self, i: int) -> WorkerSpec:
+        """Event thread: give worker i fresh rings (the old ones may hold a torn record) and return
+        the spec the main thread spawns it with."""
+        res = self.loop.res
+        gen = self.gens.get(i, 0) + 1
+        self.gens[i] = gen
+        old = (res.inference_req[i], res.inference_out[i], res.inference_ctl[i])
+        self.loop.replace_worker_rings(i, *res.inference_rings(i, gen))
+        for r in old:
+            res.disown(r)
+        return self._spec(res, "inference", i, gen)
+
+    def _stop_procs(self, res: Resources, deadline: float) -> None:
         for ring in res.inference_req + [res.trainer_req]:
             try:
                 send(ring, messages.Shutdown(reason="run over"), timeout=0.0)
             except Exception:
                 pass
-        for _, _, p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()) * 0.6)
-        for _, _, p in self.procs:
+        procs = list(self.procs.values())
+
+        def left():
+            return max(0.05, deadline - time.monotonic())
+
+        for p in procs:
+            p.join(left() * 0.5)
+        for p in procs:
             if p.is_alive():
                 p.terminate()
-        for _, _, p in self.procs:
-            p.join(max(0.1, deadline - time.monotonic()) * 0.5)
-        for _, _, p in self.procs:
+        for p in procs:
+            p.join(left() * 0.5)
+        for p in procs:
             if p.is_alive():
                 p.kill()
-                p.join(2.0)
+                p.join(1.0)
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum, frame) -> None:
-        self._signal = signum
+        if self._signal is None:
+            self._signal, self._signal_at = signum, time.monotonic()
         self._stop.set()
         if self.loop is not None:
             self.loop.stop_requested = True
@@ -181,18 +241,20 @@ class Supervisor:
         from shm.segments import sweep_dead
 
         cfg = self.cfg
-        sweep_dead()
-        for sub in ("checkpoints", "batches", "logs"):
-            os.makedirs(os.path.join(self.run_dir, sub), exist_ok=True)
+        swept = sweep_dead()
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), on_write=self.on_metrics)
-        names = RunNames(f"{os.getpid():x}{secrets.token_hex(3)}", cfg.inference.num_workers)
-        task = build_task(cfg)
+        if swept:
+            log.info("swept %d segments of dead runs", len(swept))
+        names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", cfg.inference.num_workers)
         res = Resources(names)
         mthread = None
         try:
+            task = build_task(cfg)
             res = create_resources(names, self._weight_nbytes())
-            self._spawn(res)
+            self._start(self._spec(res, "trainer", 0))
+            for i in range(cfg.inference.num_workers):
+                self._start(self._spec(res, "inference", i))
             self._wait_ready(res)
             cursor = PromptCursor(task, **(self.cursor_state or {}))
             self.loop = EventLoop(cfg, self.run_dir, res, task, metrics, start_step=self.start_step,
@@ -206,11 +268,21 @@ class Supervisor:
         finally:
             if mthread is not None:
                 mthread.stop()
-            self._stop_procs(res, budget_s=min(5.0, cfg.run.shutdown_timeout_s))
+            if self._signal_at is not None:
+                deadline = self._signal_at + cfg.run.shutdown_timeout_s
+            else:
+                deadline = time.monotonic() + min(10.0, cfg.run.shutdown_timeout_s)
+            self._stop_procs(res, deadline)
             free_resources(res)
             metrics.close()
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _weight_nbytes(self) -> int:
+        if self.cfg.actor.backend == "sim":
+            return self.cfg.actor.sim.weight_bytes
+        from orchestrator.model import weight_nbytes_for
+        return weight_nbytes_for(self.cfg)
 
     def _await(self, ring, kind, accept, what: str):
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
@@ -220,7 +292,7 @@ class Supervisor:
                 raise RunFailed(f"{msg.role} worker {msg.index} failed during {what}: {msg.error}")
             if isinstance(msg, kind) and accept(msg):
                 return msg
-            self._check_procs()
+            self._check_procs(startup=True)
         raise RunFailed(f"timed out during {what}")
 
     def _recover(self, res: Resources) -> None:
@@ -231,22 +303,18 @@ class Supervisor:
             directory=os.path.join(self.checkpoint, "trainer"), version=k))
         self._await(res.trainer_ctl, messages.CheckpointSaved, lambda m: m.step == -1,
                     "checkpoint load")
-        for i, ring in enumerate(res.inference_req):
+        for ring in res.inference_req:
             send(ring, messages.LoadWeights(version=k))
-        for i, ring in enumerate(res.inference_ctl):
+        for ring in res.inference_ctl:
             self._await(ring, messages.WeightsLoaded, lambda m: m.version >= k, "weight reload")
         res.counter.set(k)
         self.loop.gate.on_version_recovered(k)
+        self.loop.reuse_rollouts(self.checkpoint)
         log.info("resumed at step %d", k)
 
-    def _weight_nbytes(self) -> int:
-        if self.cfg.actor.backend == "sim":
-            return self.cfg.actor.sim.weight_bytes
-        from orchestrator.model import weight_nbytes_for
-        return weight_nbytes_for(self.cfg)
-
     def _event_thread(self, res: Resources, mthread: MetricsThread) -> int:
-        """Run the event loop in its own thread; the main thread handles signals and deadlines."""
+        """Run the event loop in its own thread; the main thread handles signals, restarts and
+        the drain deadline."""
         box: dict = {}
         loop = self.loop
 
@@ -260,8 +328,9 @@ class Supervisor:
                         last_check = now
                     if mthread.error is not None:
                         raise mthread.error
-                    if loop.stop_requested and self._drained(loop):
-                        box["stopped"] = True
+                    if loop.abort:
+                        return
+                    if loop.stop_requested and loop.drained():
                         return
                 box["ok"] = True
             except BaseException as exc:      # stored; re-raised on the main thread
@@ -269,21 +338,17 @@ class Supervisor:
 
         t = threading.Thread(target=body, name="event", daemon=True)
         t.start()
-        stop_deadline = None
         while t.is_alive():
-            t.join(0.1)
-            if self._stop.is_set() and stop_deadline is None:
-                stop_deadline = time.monotonic() + self.cfg.run.shutdown_timeout_s * 0.5
-            if stop_deadline is not None and time.monotonic() > stop_deadline:
-                break            # drain window over: the finally clause terminates workers
+            t.join(0.05)
+            while not self._respawn.empty():
+                self._start(self._respawn.get_nowait())
+            if self._signal_at is not None and \
+                    time.monotonic() > self._signal_at + self.cfg.run.shutdown_timeout_s * 0.5:
+                loop.abort = True          # drain window over
+                t.join(1.0)
+                break
         if "error" in box:
             raise box["error"]
-        if self._signal is not None:
-            return 128 + self._signal if "ok" not in box else 0
-        return 0
-
-    @staticmethod
-    def _drained(loop: EventLoop) -> bool:
-        """Drain after a stop request: nothing in flight, trainer idle, no checkpoint pending."""
-        return (not loop.dispatcher.inflight and loop.outstanding is None and not loop.pending_ckpt
-                and loop.watcher.target is None)
+        if "ok" in box:
+            return 0
+        return 128 + (self._signal or signal.SIGTERM)

@@ -25,6 +25,7 @@ class BatchInfo:
     trainable: int
     reward_mean: float
     consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
+    parts: list              # the groups themselves, in completion order
 
 
 def _normalise(r: np.ndarray) -> np.ndarray:
@@ -62,5 +63,5 @@ class TrainSink:
         batch.advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
         info = BatchInfo(step=step, version=version, groups=len(groups), trainable=batch.n,
                          reward_mean=float(rewards.mean()) if rewards.size else 0.0,
-                         consumed=consumed)
+                         consumed=consumed, parts=groups)
         return batch, info

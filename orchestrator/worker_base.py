@@ -30,6 +30,7 @@ class WorkerSpec:
     config: dict                 # the resolved Config, as plain data (validated again in the child)
     parent_pid: int
     run_dir: str
+    gen: int = 0                 # restart generation (names of this worker's rings)
     devices: tuple[str, ...] = ()
     threads: int = 1
     env: dict = field(default_factory=dict)
@@ -79,7 +80,7 @@ def _setup_process(spec: WorkerSpec) -> None:
 def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], None]) -> None:
     from shm.ring import Ring
     _setup_process(spec)
-    ctl = Ring.attach(spec.names.ctl(spec.role, spec.index))
+    ctl = Ring.attach(spec.names.ctl(spec.role, spec.index, spec.gen))
     bell = Bell.attach(spec.names.bell)
     ctx = WorkerContext(spec, ctl, bell)
     code = 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 from orchestrator.config import Config
 
 
-def build_inference(cfg: Config, index: int):
+def build_inference(cfg: Config, index: int, gen: int = 0):
     """Return (backend, task or None). `task` fills rewards when the backend does not."""
-    seed = cfg.run.seed * 1000 + 17 + index
+    seed = (cfg.run.seed * 1000 + 17 + index) * 1000 + gen
     if cfg.inference.backend == "sim":
         from orchestrator.backends.sim_inference import SimInference
         return SimInference(cfg.inference.sim, seed=seed), None

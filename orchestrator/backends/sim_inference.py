@@ -64,6 +64,8 @@ class SimInference:
         return found
 
     def load_weights(self, version: int, flat: memoryview) -> None:
+        if self.cfg.reload_delay_s:
+            time.sleep(self.cfg.reload_delay_s)
         self.version = version
         self._loads_t.append(self.clock())
         self._loads_v.append(version)

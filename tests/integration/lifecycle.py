@@ -1,0 +1,67 @@
+"""Helpers for the lifecycle-failure tests: start a sim run, wait for progress, find workers."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(run_dir, *overrides, config="configs/sim.yaml"):
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.launch", "--config", config,
+                             f"run.dir={run_dir}", *overrides],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def steps(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    out = []
+    for line in open(path):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec["kind"] == "step":
+            out.append(rec)
+    return out
+
+
+def wait_for_step(proc, run_dir, step, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early ({proc.returncode}): {proc.stderr.read()}")
+        s = steps(run_dir)
+        if s and s[-1]["step"] >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def worker_pids(run_dir):
+    return json.load(open(os.path.join(run_dir, "logs", "pids.json")))
+
+
+def descendants(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def all_gone(procs, timeout):
+    gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def run_segments(*procs):
+    """/dev/shm entries of the runs whose supervisors are `procs` (run ids start with the pid)."""
+    prefixes = tuple(f"arl_{p.pid}-" for p in procs)
+    return sorted(n for n in os.listdir("/dev/shm")
+                  if n.removeprefix("sem.").startswith(prefixes))
