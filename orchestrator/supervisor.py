@@ -310,6 +310,8 @@ class Supervisor:
         res.counter.set(k)
         self.loop.gate.on_version_recovered(k)
         self.loop.reuse_rollouts(self.checkpoint)
+        self.loop.metrics.write("event", event="resume", step=k, reused=self.loop.reused,
+                                redo=len(self.loop.cursor.redo), cursor=self.loop.cursor.cursor)
         log.info("resumed at step %d", k)
 
     def _event_thread(self, res: Resources, mthread: MetricsThread) -> int:

@@ -81,6 +81,30 @@ def test_resume_continues_steps_and_keeps_the_bound(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000035"
 
 
+def test_kill_resume_trains_every_prompt_exactly_once(tmp_path):
+    """kill -9 mid-run, resume: finished rollouts are reused, none skipped, none trained twice."""
+    import signal
+    from tests.integration.lifecycle import start, wait_for_step
+    from shm.codec import decode
+    common = ["run.total_steps=30", "run.checkpoint_every=4", "rollout.filter_zero_std=false",
+              "actor.sim.step_time_s=0.08"]
+    proc = start(tmp_path, *common)
+    wait_for_step(proc, tmp_path, 10)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    again = launch(f"run.dir={tmp_path}", "run.resume=must", *common)
+    assert again.returncode == 0, again.stderr
+    recs = read_metrics(tmp_path)
+    resume = [r for r in recs if r.get("event") == "resume"]
+    assert len(resume) == 1 and resume[0]["reused"] > 0
+    ids = []
+    for step in range(1, 31):
+        batch = decode((tmp_path / "batches" / f"step_{step:08d}.rec").read_bytes())
+        assert batch.ident == step and batch.version == step - 1
+        ids.extend(batch.prompt_ids.tolist())
+    assert sorted(ids) == list(range(30 * 8))
+
+
 def test_resume_must_without_checkpoint_exits_2(tmp_path):
     out = launch(f"run.dir={tmp_path}", "run.resume=must")
     assert out.returncode == 2
