@@ -48,6 +48,7 @@ class SimInferenceConfig(_Section):
     prompt_tokens: int = Field(8, ge=1, description="tokens per prompt")
     reward_p: float = Field(0.5, ge=0, le=1, description="probability that a sim rollout gets reward 1")
     reload_delay_s: float = Field(0.0, ge=0, description="time a weight reload takes (slow-sync experiments)")
+    nan_reward_after: int = Field(0, ge=0, description="fault injection: rollout N gets a NaN reward (0: never)")
 
     @model_validator(mode="after")
     def _bounds(self) -> "SimInferenceConfig":

@@ -71,6 +71,28 @@ def slice_group(s: Sequences, start: int, n: int) -> Sequences:
                      advantages=s.advantages[start:start + n].copy(), scalars=s.scalars.copy())
 
 
+def check_rollout(g: Sequences, req: messages.Generate) -> None:
+    """A rollout group must answer its request; anything else is bad env/backend output (exit 2)."""
+    def bad(what: str):
+        raise RunFailed(f"bad rollout for request {req.request_id} (prompt {req.prompt_id}): {what}", 2)
+
+    if g.n != req.n:
+        bad(f"{g.n} samples, expected rollout.group_size={req.n}")
+    if not np.isfinite(g.rewards).all():
+        bad(f"non-finite reward {g.rewards[~np.isfinite(g.rewards)][0]}")
+    if not np.isfinite(g.logprobs).all() or (g.logprobs > 1e-4).any():
+        bad("logprobs must be finite and <= 0")
+    p = len(req.prompt_tokens)
+    for i in range(g.n):
+        sl = g.seq(i)
+        if int(g.prompt_lens[i]) != p or not np.array_equal(g.tokens[sl][:p], req.prompt_tokens):
+            bad(f"sample {i} does not start with the prompt it was asked for")
+        if sl.stop - sl.start - p > req.max_new_tokens:
+            bad(f"sample {i} has more than max_new_tokens={req.max_new_tokens} completion tokens")
+        if g.loss_mask[sl][:p].any():
+            bad(f"sample {i} has loss-masked prompt tokens")
+
+
 def atomic_write(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
@@ -111,6 +133,7 @@ class EventLoop:
         self.last_ckpt = start_step
         self.abort = False
         self.reused = 0
+        self.last_eval = start_step
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -170,10 +193,12 @@ class EventLoop:
 
     def _on_rollout(self, raw) -> None:
         group = decode(raw)
-        gen = self.dispatcher.finished(group.ident, group)
-        if gen is None:
+        entry = self.dispatcher.inflight.get(group.ident)
+        if entry is None:
             log.warning("dropping rollout for unknown request %d", group.ident)
             return
+        check_rollout(group, entry[1])
+        gen = self.dispatcher.finished(group.ident, group)
         if not gen.eval:
             self.gate.on_accepted()
 
@@ -289,6 +314,7 @@ class EventLoop:
         for g in info.parts:
             self.request_index.pop(g.ident, None)
         self.watcher.note_publish_time(msg.publish_time)
+        self._flush_steps()
         if info.trainable == 0:
             self.empty_run += 1
             if self.empty_run >= self.cfg.run.empty_batch_limit:
@@ -303,11 +329,26 @@ class EventLoop:
             self.request_checkpoint(msg.step)
 
     def _on_synced(self) -> None:
+        self._flush_steps()
+        every = self.cfg.eval.every_steps
         version = self.counter.get()
-        entry = self.step_info.pop(version, None)      # step k produced version k
-        if entry is None or entry[1] is None:
-            return
-        info, done, parked = entry
+        if every and version % every == 0 and version > self.start_step and not self.eval_sink.active \
+                and self.last_eval < version:
+            self.last_eval = version
+            self.start_eval(version)
+
+    def _flush_steps(self) -> None:
+        """Write the step line of every step whose StepDone has arrived and whose weights every
+        inference worker has loaded (they can come in either order)."""
+        while self.step_info:
+            step = min(self.step_info)
+            info, done, parked = self.step_info[step]
+            if done is None or self.counter.get() < step:
+                return
+            del self.step_info[step]
+            self._write_step(info, done, parked)
+
+    def _write_step(self, info: BatchInfo, done: messages.StepDone, parked: float) -> None:
         ages = token_ages(info.version, info.consumed.versions, info.consumed.loss_mask)
         first_after_resume = self.resumed and done.step == self.start_step + 1
         bound = (self.cfg.rollout.max_head_offpolicyness + 1) * self.cfg.rollout.consumer_batch_size
@@ -324,9 +365,6 @@ class EventLoop:
             train_s=done.train_s, groups=info.groups,
             **{f"train_{k}": v for k, v in done.stats.items() if k != "loss"})
         self.admitted_since_step = 0
-        every = self.cfg.eval.every_steps
-        if every and done.step % every == 0 and not self.eval_sink.active:
-            self.start_eval(done.step)
 
     def watch(self) -> None:
         target = self.watcher.poll(self.live_workers())

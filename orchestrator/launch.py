@@ -31,6 +31,11 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    if plan.complete:
+        print(f"done: checkpoint {plan.start_step} already reaches run.total_steps="
+              f"{cfg.run.total_steps}; nothing to run (run dir {plan.run_dir})", file=sys.stderr)
+        return 0
+
     from orchestrator.event_loop import RunFailed
     from orchestrator.progress import Progress
     from orchestrator.supervisor import Supervisor

@@ -1,4 +1,7 @@
-"""Console progress bar fed by metrics lines (step lines advance it; eval lines annotate it)."""
+"""Console progress bar fed by metrics lines (step lines advance it; eval lines annotate it).
+
+On a terminal the bar redraws in place; otherwise (logs, CI) it prints one line per 10% of the run.
+"""
 from __future__ import annotations
 
 import sys
@@ -12,6 +15,8 @@ class Progress:
         self.start = start
         self.extra = ""
         self._shown = False
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last_decile = -1
 
     def update(self, rec: dict) -> None:
         if rec.get("kind") == "step":
@@ -30,9 +35,17 @@ class Progress:
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         el = time.monotonic() - self.t0
         rate = (self.done - self.start) / el if el > 0 else 0.0
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} steps {rate:5.1f} it/s {self.extra}   ")
+        line = f"[{bar}] {self.done}/{self.total} steps {rate:5.1f} it/s {self.extra}"
+        if self.tty:
+            self.stream.write(f"\r{line}   ")
+            self._shown = True
+        else:
+            decile = int(frac * 10)
+            if decile == self._last_decile and rec.get("kind") == "step":
+                return
+            self._last_decile = decile
+            self.stream.write(line + "\n")
         self.stream.flush()
-        self._shown = True
 
     def close(self) -> None:
         if self._shown:

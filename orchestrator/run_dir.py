@@ -26,6 +26,7 @@ class RunPlan:
     start_step: int
     checkpoint: Optional[str]
     cursor_state: Optional[dict]
+    complete: bool = False      # the checkpoint already reaches run.total_steps
 
 
 def latest_checkpoint(run_dir: str) -> Optional[str]:
@@ -79,9 +80,8 @@ def prepare_run_dir(cfg: Config) -> RunPlan:
     else:
         state = json.load(open(os.path.join(ckpt, "supervisor.json")))
         start = int(state["step"])
-        if start >= cfg.run.total_steps:
-            raise RunDirError(f"checkpoint step {start} already reaches run.total_steps="
-                              f"{cfg.run.total_steps}; raise run.total_steps to continue")
+        if start >= cfg.run.total_steps:     # nothing left to do: resuming a finished run is a no-op
+            return RunPlan(run_dir, start, ckpt, None, complete=True)
         cursor = {"cursor": int(state["cursor"]), "redo": [int(i) for i in state["redo"]]}
         _truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
         if os.path.isdir(ckdir):

@@ -9,7 +9,7 @@ def build_inference(cfg: Config, index: int, gen: int = 0):
     seed = (cfg.run.seed * 1000 + 17 + index) * 1000 + gen
     if cfg.inference.backend == "sim":
         from orchestrator.backends.sim_inference import SimInference
-        return SimInference(cfg.inference.sim, seed=seed), None
+        return SimInference(cfg.inference.sim, seed=seed, weight_bytes=cfg.actor.sim.weight_bytes), None
     if cfg.inference.backend == "torch":
         from orchestrator.backends.torch_inference import TorchInference
         from orchestrator.model import build_tokenizer
@@ -35,5 +35,6 @@ def build_trainer(cfg: Config):
     if cfg.actor.backend == "torch":
         from orchestrator.backends.torch_trainer import TorchTrainer
         device = "cuda:0" if cfg.actor.device != "cpu" else "cpu"
-        return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device)
+        return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device,
+                            temperature=cfg.rollout.temperature)
     raise ValueError(f"unknown actor.backend {cfg.actor.backend!r}")

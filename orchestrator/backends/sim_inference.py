@@ -3,7 +3,8 @@
 Each request finishes `latency` seconds after it was added (fixed, uniform or lognormal). Its
 completion tokens are spread evenly over that interval and each is stamped with the policy version
 this backend had loaded at that instant, so a rollout that straddles a weight reload spans versions
-exactly as a real partial rollout does. Rewards are Bernoulli(reward_p) per sample.
+exactly as a real partial rollout does. Rewards are Bernoulli(reward_p) per sample. Every reload checks that the weight buffer holds the
+bytes the sim trainer wrote for that version, so the whole weight path is verified end to end.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ SIM_VOCAB = 1000
 class SimInference:
     fills_rewards = True
 
-    def __init__(self, cfg: SimInferenceConfig, seed: int, clock=time.monotonic):
+    def __init__(self, cfg: SimInferenceConfig, seed: int, weight_bytes: int = 0, clock=time.monotonic):
         self.cfg = cfg
+        self.weight_bytes = weight_bytes
         self.rng = np.random.default_rng(seed)
         self.clock = clock
         self.version = 0
@@ -34,6 +36,7 @@ class SimInference:
         self._loads_v: list[int] = [0]
         self._heap: list[tuple[float, int, float, GenRequest]] = []
         self._tie = itertools.count()
+        self._produced = 0
 
     def _latency(self) -> float:
         c = self.cfg
@@ -66,12 +69,17 @@ class SimInference:
     def load_weights(self, version: int, flat: memoryview) -> None:
         if self.cfg.reload_delay_s:
             time.sleep(self.cfg.reload_delay_s)
+        words = np.frombuffer(flat, dtype=np.int64, count=len(flat) // 8)
+        if words.size and not (words == version).all():   # the sim trainer writes its version
+            bad = int(np.flatnonzero(words != version)[0])
+            raise RuntimeError(f"weight buffer content is not version {version}: word {bad} "
+                               f"holds {int(words[bad])}")
         self.version = version
         self._loads_t.append(self.clock())
         self._loads_v.append(version)
 
     def weight_nbytes(self) -> int:
-        return 0
+        return self.weight_bytes
 
     def _version_at(self, t: float) -> int:
         return self._loads_v[bisect.bisect_right(self._loads_t, t) - 1]
@@ -91,6 +99,9 @@ class SimInference:
             versions.append(np.concatenate([np.full(p, -1, np.int32), gen_versions]))
             mask.append(np.concatenate([np.zeros(p, np.uint8), np.ones(n_new, np.uint8)]))
         rewards = (self.rng.random(req.n) < self.cfg.reward_p).astype(np.float32)
+        self._produced += 1
+        if self._produced == self.cfg.nan_reward_after:
+            rewards[0] = np.nan                       # fault injection: a broken environment
         seqs = Sequences(
             kind=0, ident=req.request_id, version=-1,
             offsets=np.arange(req.n + 1, dtype=np.int64) * length,

@@ -1,4 +1,5 @@
-"""`sim` trainer backend: a fixed step time and a fake weight buffer whose bytes encode the version.
+"""`sim` trainer backend: a fixed step time and a fake weight buffer whose every int64 word is the
+version it publishes (the sim inference backend checks that on every reload).
 
 Lets the whole loop (ship hold, weight watcher, checkpoint/resume) run in seconds with no model.
 """

@@ -109,3 +109,18 @@ def test_resume_must_without_checkpoint_exits_2(tmp_path):
     out = launch(f"run.dir={tmp_path}", "run.resume=must")
     assert out.returncode == 2
     assert "no checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_resuming_a_finished_run_is_a_no_op(tmp_path):
+    assert launch(f"run.dir={tmp_path}", "run.total_steps=5").returncode == 0
+    before = (tmp_path / "metrics.jsonl").read_text()
+    again = launch(f"run.dir={tmp_path}", "run.total_steps=5", "run.resume=auto")
+    assert again.returncode == 0 and "nothing to run" in again.stderr
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_bad_env_output_exits_2_with_one_line(tmp_path):
+    out = launch(f"run.dir={tmp_path}", "run.total_steps=20", "inference.sim.nan_reward_after=30")
+    assert out.returncode == 2
+    msg = [l for l in out.stderr.strip().splitlines() if l.startswith("error")]
+    assert len(msg) == 1 and "non-finite reward" in msg[0] and "Traceback" not in out.stderr
