@@ -11,7 +11,6 @@ with nothing trainable stop the run.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -21,33 +20,24 @@ from typing import Optional
 
 import numpy as np
 
-from orchestrator import messages
+from orchestrator import checkpoint, messages
 from orchestrator.channels import recv, send
 from orchestrator.config import Config
+from orchestrator.checkpoint import atomic_write
 from orchestrator.dispatcher import Dispatcher
+from orchestrator.errors import EmptyBatches, RunFailed
 from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
 from orchestrator.metrics import MetricsLog
 from orchestrator.prompts import PromptCursor
 from orchestrator.stamp import age_summary, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink
+from orchestrator.validate import check_rollout
 from orchestrator.watcher import WeightWatcher
-from shm.codec import Sequences, concat, decode, encode
+from shm.codec import decode, encode
 
 log = logging.getLogger("orchestrator.event_loop")
 IDLE_WAIT_S = 0.05
-
-
-class RunFailed(RuntimeError):
-    """The run cannot continue; `exit_code` is 2 for bad input, 1 otherwise."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class EmptyBatches(RunFailed):
-    pass
 
 
 @dataclass
@@ -56,48 +46,6 @@ class Parked:
     record: bytes
     info: BatchInfo
     since: float
-
-
-def slice_group(s: Sequences, start: int, n: int) -> Sequences:
-    """Sequences [start, start+n) of a record, as a new record (copies)."""
-    lo, hi = int(s.offsets[start]), int(s.offsets[start + n])
-    return Sequences(kind=s.kind, ident=s.ident, version=s.version,
-                     offsets=(s.offsets[start:start + n + 1] - lo).copy(),
-                     prompt_lens=s.prompt_lens[start:start + n].copy(),
-                     prompt_ids=s.prompt_ids[start:start + n].copy(),
-                     tokens=s.tokens[lo:hi].copy(), logprobs=s.logprobs[lo:hi].copy(),
-                     versions=s.versions[lo:hi].copy(), loss_mask=s.loss_mask[lo:hi].copy(),
-                     rewards=s.rewards[start:start + n].copy(),
-                     advantages=s.advantages[start:start + n].copy(), scalars=s.scalars.copy())
-
-
-def check_rollout(g: Sequences, req: messages.Generate) -> None:
-    """A rollout group must answer its request; anything else is bad env/backend output (exit 2)."""
-    def bad(what: str):
-        raise RunFailed(f"bad rollout for request {req.request_id} (prompt {req.prompt_id}): {what}", 2)
-
-    if g.n != req.n:
-        bad(f"{g.n} samples, expected rollout.group_size={req.n}")
-    if not np.isfinite(g.rewards).all():
-        bad(f"non-finite reward {g.rewards[~np.isfinite(g.rewards)][0]}")
-    if not np.isfinite(g.logprobs).all() or (g.logprobs > 1e-4).any():
-        bad("logprobs must be finite and <= 0")
-    p = len(req.prompt_tokens)
-    for i in range(g.n):
-        sl = g.seq(i)
-        if int(g.prompt_lens[i]) != p or not np.array_equal(g.tokens[sl][:p], req.prompt_tokens):
-            bad(f"sample {i} does not start with the prompt it was asked for")
-        if sl.stop - sl.start - p > req.max_new_tokens:
-            bad(f"sample {i} has more than max_new_tokens={req.max_new_tokens} completion tokens")
-        if g.loss_mask[sl][:p].any():
-            bad(f"sample {i} has loss-masked prompt tokens")
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 class EventLoop:
@@ -375,52 +323,35 @@ class EventLoop:
 
     # ------------------------------------------------------------------ checkpoints
     def request_checkpoint(self, step: int) -> None:
-        final = os.path.join(self.run_dir, "checkpoints", f"step_{step:08d}")
-        tmp = final + ".partial"
-        os.makedirs(tmp, exist_ok=True)
+        tmp = checkpoint.begin(self.run_dir, step)
         finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
-        reuse = [[self.request_index[g.ident], g.n] for g in finished]
-        if finished:
-            atomic_write(os.path.join(tmp, "rollouts.rec"),
-                         bytes(encode(concat(finished, kind=0, ident=step, version=-1))))
         redo = sorted(set(self.request_index.values()))
-        state = {"step": step, "version": step, "gate": self.gate.state_dict(),
-                 "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
-                 "reuse": reuse, "seed": self.cfg.run.seed, "time": time.time()}
-        atomic_write(os.path.join(tmp, "supervisor.json"), json.dumps(state).encode())
+        checkpoint.write_state(tmp, {
+            "step": step, "version": step, "gate": self.gate.state_dict(),
+            "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
+            "seed": self.cfg.run.seed, "time": time.time()},
+            [(self.request_index[g.ident], g) for g in finished])
         send(self.res.trainer_req, messages.SaveCheckpoint(step=step, directory=os.path.join(tmp, "trainer")))
         self.pending_ckpt[step] = tmp
 
     def _on_checkpoint_saved(self, msg: messages.CheckpointSaved) -> None:
         tmp = self.pending_ckpt.pop(msg.step, None)
-        if tmp is None:
-            return
-        final = tmp[: -len(".partial")]
-        os.replace(tmp, final)
-        atomic_write(os.path.join(self.run_dir, "checkpoints", "latest"),
-                     os.path.basename(final).encode())
-        self.last_ckpt = max(self.last_ckpt, msg.step)
+        if tmp is not None:
+            checkpoint.commit(tmp)
+            self.last_ckpt = max(self.last_ckpt, msg.step)
 
-    def reuse_rollouts(self, checkpoint: str) -> None:
+    def reuse_rollouts(self, ckpt_dir: str) -> None:
         """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint
         go straight to the sink when their head is within the bound; the rest are regenerated."""
-        state = json.load(open(os.path.join(checkpoint, "supervisor.json")))
-        reuse = state.get("reuse", [])
-        if not reuse:
-            return
-        with open(os.path.join(checkpoint, "rollouts.rec"), "rb") as f:
-            saved = decode(f.read())
+        finished = checkpoint.load_finished(ckpt_dir)
         version, S = self.counter.get(), self.cfg.rollout.max_head_offpolicyness
-        start, redo = 0, []
-        for index, n in reuse:
-            part = slice_group(saved, start, n)
-            start += n
-            heads = [st.head for i in range(n)
+        redo = []
+        for index, part in finished:
+            heads = [st.head for i in range(part.n)
                      if (st := stamp(part.versions[part.seq(i)], part.loss_mask[part.seq(i)]))]
             if heads and version - min(heads) <= S and self.gate.capacity() > 0:
-                rid = self.next_request
+                part.ident = rid = self.next_request
                 self.next_request += 1
-                part.ident = rid
                 self.request_index[rid] = index
                 self.gate.on_enqueued()
                 self.gate.on_submitted()
@@ -429,8 +360,8 @@ class EventLoop:
                 self.reused += 1
             else:
                 redo.append(index)
-        self.cursor.redo = deque(sorted(set(self.cursor.redo) - {i for i, _ in reuse} | set(redo)))
-        log.info("reused %d finished rollouts from %s", self.reused, checkpoint)
+        self.cursor.redo = deque(sorted(set(self.cursor.redo) - {i for i, _ in finished} | set(redo)))
+        log.info("reused %d of %d finished rollouts from %s", self.reused, len(finished), ckpt_dir)
 
     # ------------------------------------------------------------------ main
     def finished(self) -> bool:

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
               f"{cfg.run.total_steps}; nothing to run (run dir {plan.run_dir})", file=sys.stderr)
         return 0
 
-    from orchestrator.event_loop import RunFailed
+    from orchestrator.errors import RunFailed
     from orchestrator.progress import Progress
     from orchestrator.supervisor import Supervisor
 

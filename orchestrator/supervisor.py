@@ -30,7 +30,9 @@ from orchestrator import messages
 from orchestrator.channels import (BATCH_RING_BYTES, CTL_RING_BYTES, OUT_RING_BYTES, REQ_RING_BYTES,
                                    Bell, RunNames, recv, send)
 from orchestrator.config import Config
-from orchestrator.event_loop import EventLoop, RunFailed, atomic_write
+from orchestrator.checkpoint import atomic_write
+from orchestrator.errors import RunFailed
+from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
 from orchestrator.worker_base import WorkerSpec

@@ -8,7 +8,7 @@ columnar batch (`shm.codec.Sequences`) per step and exposes its weights as one f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 

@@ -1,0 +1,35 @@
+"""Boundary check of every rollout group against the request it answers.
+
+A group with the wrong sample count, a non-finite reward, logprobs that are not log-probabilities,
+samples that do not start with their prompt, completions longer than asked, or loss-masked prompt
+tokens is bad environment/backend output: the run stops with one line naming it (exit 2).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator import messages
+from orchestrator.errors import RunFailed
+from shm.codec import Sequences
+
+
+def check_rollout(g: Sequences, req: messages.Generate) -> None:
+    """A rollout group must answer its request; anything else is bad env/backend output (exit 2)."""
+    def bad(what: str):
+        raise RunFailed(f"bad rollout for request {req.request_id} (prompt {req.prompt_id}): {what}", 2)
+
+    if g.n != req.n:
+        bad(f"{g.n} samples, expected rollout.group_size={req.n}")
+    if not np.isfinite(g.rewards).all():
+        bad(f"non-finite reward {g.rewards[~np.isfinite(g.rewards)][0]}")
+    if not np.isfinite(g.logprobs).all() or (g.logprobs > 1e-4).any():
+        bad("logprobs must be finite and <= 0")
+    p = len(req.prompt_tokens)
+    for i in range(g.n):
+        sl = g.seq(i)
+        if int(g.prompt_lens[i]) != p or not np.array_equal(g.tokens[sl][:p], req.prompt_tokens):
+            bad(f"sample {i} does not start with the prompt it was asked for")
+        if sl.stop - sl.start - p > req.max_new_tokens:
+            bad(f"sample {i} has more than max_new_tokens={req.max_new_tokens} completion tokens")
+        if g.loss_mask[sl][:p].any():
+            bad(f"sample {i} has loss-masked prompt tokens")
