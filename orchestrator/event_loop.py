@@ -98,6 +98,7 @@ class EventLoop:
                 "lag": self.trained - self.counter.get(), **d,
                 "sink_pending": len(self.sink.pending), "parked": len(self.parked),
                 "admitted_total": self.admitted_total, "capacity": self.gate.capacity(),
+                "dispatch_paused": self.dispatcher.paused,
                 **{f"gate_{k}": v for k, v in self.gate.stats().items()},
                 "last_sync_s": self.watcher.last_sync_s}
 
@@ -277,6 +278,8 @@ class EventLoop:
             self.request_checkpoint(msg.step)
 
     def _on_synced(self) -> None:
+        if self.cfg.weights.pause_during_sync and not self.stop_requested:
+            self.dispatcher.resume()
         self._flush_steps()
         every = self.cfg.eval.every_steps
         version = self.counter.get()
@@ -317,6 +320,8 @@ class EventLoop:
     def watch(self) -> None:
         target = self.watcher.poll(self.live_workers())
         if target is not None:
+            if self.cfg.weights.pause_during_sync:
+                self.dispatcher.pause()
             self.dispatcher.broadcast(messages.LoadWeights(version=target))
             if self.watcher.target is None:      # committed at once (no live workers)
                 self._on_synced()
@@ -381,6 +386,8 @@ class EventLoop:
 
     def iterate(self) -> bool:
         """One turn of the loop; returns True when the run is complete."""
+        if self.stop_requested and not self.dispatcher.paused:
+            self.dispatcher.pause()          # drain: queued prompts stay queued (redone on resume)
         busy = self.drain_inputs()
         self.watch()
         busy += self.admit()

@@ -124,3 +124,14 @@ def test_bad_env_output_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2
     msg = [l for l in out.stderr.strip().splitlines() if l.startswith("error")]
     assert len(msg) == 1 and "non-finite reward" in msg[0] and "Traceback" not in out.stderr
+
+
+def test_pause_dispatch_during_weight_sync(tmp_path):
+    out = launch(f"run.dir={tmp_path}", "run.total_steps=20", "weights.pause_during_sync=true",
+                 "inference.sim.reload_delay_s=0.01", "metrics.interval_s=0.2")
+    assert out.returncode == 0, out.stderr
+    recs = read_metrics(tmp_path)
+    steps = steps_of(recs)
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    assert all(r["age_max"] <= 2 and r["weight_sync_s"] >= 0.01 for r in steps[1:])
+    assert all("dispatch_paused" in r for r in recs if r["kind"] == "tick")
