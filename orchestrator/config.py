@@ -102,6 +102,7 @@ class ActorConfig(_Section):
     recompute_logprob: bool = Field(True, description="recompute logprobs under the current policy before the update")
     behav_imp_weight_cap: Optional[float] = Field(5.0, gt=1, description="cap on the behaviour importance weight (decoupled loss)")
     ppo_epochs: int = Field(1, ge=1, description="optimizer passes over each batch")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus on loss-masked tokens (0: off)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
 
@@ -178,6 +179,11 @@ class Config(_Section):
         if self.actor.backend == "sim" and self.inference.backend != "sim":
             raise ValueError("actor.backend sim needs inference.backend sim")
         return self
+
+    @property
+    def gpu_weights(self) -> bool:
+        """Weights travel over CUDA IPC: the trainer is on a GPU and inference is too."""
+        return self.actor.device != "cpu" and bool(self.inference.devices)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -278,6 +278,8 @@ class EventLoop:
             self.request_checkpoint(msg.step)
 
     def _on_synced(self) -> None:
+        if self.cfg.gpu_weights:
+            send(self.res.trainer_req, messages.ReleaseWeights(version=self.counter.get()))
         if self.cfg.weights.pause_during_sync and not self.stop_requested:
             self.dispatcher.resume()
         self._flush_steps()

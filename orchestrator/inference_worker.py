@@ -49,7 +49,20 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))
     wbuf = WeightBuffer.attach(spec.names.weights)
-    flat = bytearray(max(nbytes, 8))
+    flat = bytearray(wbuf.nbytes if cfg.gpu_weights else max(nbytes, 8))
+
+    def load(version: int) -> int:
+        if cfg.gpu_weights:          # the buffer holds a CUDA IPC handle; the trainer's GPU is
+            from shm.cuda_ipc import open_blob    # the last visible device of this worker
+            got = wbuf.read_into(memoryview(flat), timeout=30.0)
+            _, tensor = open_blob(bytes(flat), device_index=len(spec.devices) - 1)
+            backend.load_weights_tensor(got, tensor)
+            del tensor
+            return got
+        got = wbuf.read_into(memoryview(flat), timeout=30.0) if nbytes else version
+        backend.load_weights(got, memoryview(flat)[:nbytes])
+        return got
+
     evals: dict[int, bool] = {}
     ctx.send(messages.Ready(role="inference", index=spec.index, pid=os.getpid(),
                             weight_nbytes=nbytes))
@@ -66,8 +79,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                                            np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
                                            msg.max_new_tokens, msg.temperature, msg.eval))
                 elif isinstance(msg, messages.LoadWeights):
-                    got = wbuf.read_into(memoryview(flat), timeout=30.0) if nbytes else msg.version
-                    backend.load_weights(got, memoryview(flat)[:nbytes])
+                    got = load(msg.version)
                     ctx.send(messages.WeightsLoaded(index=spec.index, version=got))
                 elif isinstance(msg, messages.Abort):
                     backend.abort(msg.request_id)

@@ -44,6 +44,11 @@ class SaveCheckpoint(Msg):
     directory: str
 
 
+class ReleaseWeights(Msg):
+    """Every inference worker has loaded `version`: GPU buffers of older versions may be reused."""
+    version: int
+
+
 class LoadCheckpoint(Msg):
     directory: str
     version: int              # publish the loaded weights as this version
@@ -89,7 +94,7 @@ class Fatal(Msg):
     traceback: str
 
 
-Message = Union[Generate, LoadWeights, Abort, Shutdown, SaveCheckpoint, LoadCheckpoint, Ready,
+Message = Union[Generate, LoadWeights, Abort, Shutdown, SaveCheckpoint, LoadCheckpoint, ReleaseWeights, Ready,
                 WeightsLoaded, Rejected, StepDone, CheckpointSaved, Fatal]
 
 _encoder = msgspec.msgpack.Encoder()

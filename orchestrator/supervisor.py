@@ -137,8 +137,11 @@ class Supervisor:
                               devices=devices, threads=cfg.actor.threads)
         devs = cfg.inference.devices
         per = max(1, len(devs) // cfg.inference.num_workers) if devs else 0
+        own = tuple(devs[i * per:(i + 1) * per])
+        if cfg.gpu_weights:          # CUDA IPC needs the trainer's GPU visible (last ordinal)
+            own += (cfg.actor.device,)
         return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
-                          devices=tuple(devs[i * per:(i + 1) * per]),
+                          devices=own,
                           threads=cfg.inference.threads_per_worker)
 
     def _start(self, spec: WorkerSpec) -> None:
@@ -281,6 +284,8 @@ class Supervisor:
                 signal.signal(s, h)
 
     def _weight_nbytes(self) -> int:
+        if self.cfg.gpu_weights:
+            return 1 << 16           # the CPU buffer carries CUDA IPC handles only
         if self.cfg.actor.backend == "sim":
             return self.cfg.actor.sim.weight_bytes
         from orchestrator.model import weight_nbytes_for

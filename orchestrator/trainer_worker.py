@@ -2,7 +2,8 @@
 
 Main loop: poll the control ring (SaveCheckpoint / LoadCheckpoint / Shutdown) -> take one batch
 from the batch ring -> train -> publish the new weights into the shm WeightBuffer with version
-`batch.version + 1` -> report StepDone -> check the parent. The supervisor's ship hold guarantees
+`batch.version + 1` (on GPU: a CUDA IPC handle of a GPU buffer kept alive until ReleaseWeights)
+-> report StepDone -> check the parent. The supervisor's ship hold guarantees
 at most one batch is outstanding, so the version a batch is trained at is exactly `batch.version`.
 """
 from __future__ import annotations
@@ -31,8 +32,15 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     batches = Ring.attach(spec.names.batches)
     wbuf = WeightBuffer.attach(spec.names.weights)
 
+    ipc = None
+    if cfg.gpu_weights:
+        from shm.cuda_ipc import CudaIpcPublisher
+        ipc = CudaIpcPublisher(backend.device)
+
     def publish(version: int) -> float:
-        if nbytes:
+        if ipc is not None:      # weights stay on the GPU; the shm buffer carries the IPC handle
+            wbuf.publish(ipc.publish(version, nbytes, backend.write_weights_tensor), version)
+        elif nbytes:
             wbuf.publish_from(backend.write_weights, nbytes, version)
         return time.time()
 
@@ -48,6 +56,9 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     backend.load(msg.directory)
                     publish(msg.version)
                     ctx.send(messages.CheckpointSaved(step=-1, directory=msg.directory))
+                elif isinstance(msg, messages.ReleaseWeights):
+                    if ipc is not None:
+                        ipc.release_below(msg.version)
                 elif isinstance(msg, messages.Shutdown):
                     return
                 msg = recv(control, timeout=0.0)
