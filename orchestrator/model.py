@@ -1,0 +1,215 @@
+"""Tiny causal LM, offline tokenizer and the flat weight layout shared by trainer and inference.
+
+Contract:
+- `build_tokenizer(task_name, path=None)`: with no `path`, an offline character-level
+  `PreTrainedTokenizerFast` over a small fixed vocabulary (`VOCAB`: pad, bos, eos, digits, a few
+  symbols); the same vocabulary for every task, so ids never depend on the task. With `path`, the
+  tokenizer of that local HF directory (never downloads).
+- `build_model(model_cfg, vocab_size, seed)`: a `LlamaForCausalLM` built from config (deterministic
+  in `seed`: the trainer and every inference worker build identical version-0 weights), or
+  `from_pretrained(model_cfg.path)` from a local directory only. Returned in eval mode, dtype
+  `model_cfg.dtype`, on CPU.
+- Flat weights: `flat_layout(model)` fixes one order (named_parameters, shared tensors once), one
+  dtype-preserving slot per parameter at a 64-byte aligned offset; `write_flat(model, out)` copies
+  every parameter into `out`, `load_flat(model, flat)` copies them back. Both view the buffer in place
+  with `torch.frombuffer` (no intermediate copy). A buffer of the wrong size raises ValueError.
+- `weight_nbytes_for(cfg)`: the flat size for a run config, from a model built on the meta device
+  (no parameter memory, no weights read).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+VOCAB = [PAD, BOS, EOS, *"0123456789", "+", "-", "=", ">", "|", " "]
+_ALIGN = 64
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+
+def build_tokenizer(task_name: str = "", path: Optional[str] = None):
+    """Offline tokenizer. `task_name` is accepted for symmetry; every built-in task shares VOCAB."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if path is not None:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    # one token per character, special tokens kept whole
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[a-z]+>|."), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token=PAD, clean_up_tokenization_spaces=False)
+    return fast
+
+
+# ---------------------------------------------------------------------------------------- model
+
+def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    """'cpu' -> cpu; 'cuda' / 'cuda:N' as given; a bare index 'N' -> 'cuda:N'."""
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, torch.device):
+        return device
+    text = str(device).strip()
+    if text.isdigit():
+        return torch.device(f"cuda:{text}")
+    return torch.device(text)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+def _tiny_config(model_cfg, vocab_size: int):
+    from transformers import LlamaConfig
+
+    if model_cfg.hidden_size % model_cfg.num_heads:
+        raise ValueError(f"model.hidden_size {model_cfg.hidden_size} is not divisible by "
+                         f"model.num_heads {model_cfg.num_heads}")
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=2 * model_cfg.hidden_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_heads,
+        max_position_embeddings=model_cfg.max_seq_len,
+        tie_word_embeddings=False,
+        pad_token_id=VOCAB.index(PAD), bos_token_id=VOCAB.index(BOS), eos_token_id=VOCAB.index(EOS),
+        initializer_range=0.02,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+
+
+def build_model(model_cfg, vocab_size: int, seed: int):
+    """Causal LM: tiny Llama from `model_cfg` (seeded init) or a local HF directory."""
+    from transformers import LlamaForCausalLM
+
+    dtype = _DTYPES[model_cfg.dtype]
+    if model_cfg.path is not None:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(model_cfg.path, local_files_only=True, dtype=dtype)
+        return model.eval()
+    config = _tiny_config(model_cfg, vocab_size)
+    # fork the global RNG so building a model never disturbs the caller's random state
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def weight_nbytes_for(cfg) -> int:
+    """Flat weight size for a run `Config` without materialising any parameter."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+
+    mc = cfg.model
+    with torch.device("meta"):
+        if mc.path is not None:
+            config = AutoConfig.from_pretrained(mc.path, local_files_only=True)
+            model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[mc.dtype])
+        else:
+            vocab = len(build_tokenizer(cfg.task.name))
+            model = LlamaForCausalLM(_tiny_config(mc, vocab)).to(_DTYPES[mc.dtype])
+    return flat_layout(model).nbytes
+
+
+# ---------------------------------------------------------------------------------- flat weights
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    slots: tuple[Slot, ...]
+    nbytes: int
+
+
+def flat_layout(model) -> FlatLayout:
+    """Deterministic layout of every parameter (named_parameters order, shared tensors once)."""
+    slots, offset = [], 0
+    for name, p in model.named_parameters():
+        nbytes = p.numel() * p.element_size()
+        slots.append(Slot(name, p.dtype, tuple(p.shape), offset, nbytes))
+        offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return FlatLayout(tuple(slots), offset)
+
+
+def _views(layout: FlatLayout, buf: memoryview):
+    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
+    if mv.nbytes != layout.nbytes:
+        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {layout.nbytes}")
+    with warnings.catch_warnings():  # read-only buffers are only ever read from
+        warnings.simplefilter("ignore", UserWarning)
+        for s in layout.slots:
+            if s.numel == 0:
+                yield s, torch.empty(s.shape, dtype=s.dtype)
+                continue
+            yield s, torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape)
+
+
+def write_flat(model, out: memoryview, layout: Optional[FlatLayout] = None) -> None:
+    """Copy every parameter into `out` (writable, len == flat_layout(model).nbytes)."""
+    layout = layout or flat_layout(model)
+    if memoryview(out).readonly:
+        raise ValueError("write_flat needs a writable buffer")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for s, view in _views(layout, out):
+            view.copy_(params[s.name].detach())
+
+
+def load_flat(model, flat: memoryview, layout: Optional[FlatLayout] = None) -> None:
+    """Copy parameters out of `flat` (same layout) into the model, in place."""
+    layout = layout or flat_layout(model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for s, view in _views(layout, flat):
+            params[s.name].copy_(view)
+
+
+def _tensor_views(layout: FlatLayout, buf: torch.Tensor):
+    if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != layout.nbytes:
+        raise ValueError(f"flat weight tensor must be uint8[{layout.nbytes}], got "
+                         f"{buf.dtype}[{buf.numel()}]")
+    for s in layout.slots:
+        yield s, buf[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+
+
+def write_flat_tensor(model, buf: torch.Tensor, layout: Optional[FlatLayout] = None) -> None:
+    """Like write_flat, into a uint8 tensor on any device (the CUDA IPC path)."""
+    layout = layout or flat_layout(model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for s, view in _tensor_views(layout, buf):
+            view.copy_(params[s.name].detach())
+
+
+def load_flat_tensor(model, buf: torch.Tensor, layout: Optional[FlatLayout] = None) -> None:
+    """Like load_flat, from a uint8 tensor on any device (the CUDA IPC path)."""
+    layout = layout or flat_layout(model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for s, view in _tensor_views(layout, buf):
+            params[s.name].copy_(view)
+
