@@ -23,7 +23,7 @@ def build_inference(cfg: Config, index: int, gen: int = 0):
         from orchestrator.backends.vllm_inference import VllmInference
         from orchestrator.model import build_tokenizer
         from orchestrator.task import make_task
-        backend = VllmInference(cfg, index)
+        backend = VllmInference(cfg, index, sample_seed=seed)
         return backend, make_task(cfg.task, build_tokenizer(cfg.task.name), cfg.run.seed)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
 

