@@ -4,6 +4,9 @@ A checkpoint at step k is written to `checkpoints/step_k.partial/` (supervisor.j
 counters, prompt cursor, prompts to redo; rollouts.rec: finished-but-untrained rollout groups; the
 trainer writes trainer/ into it), then renamed to `step_k/` and named in `checkpoints/latest`, each
 by an atomic rename. A kill at any moment leaves the previous complete checkpoint in force.
+RNG: the trainer saves its torch RNG states with its weights and optimizer; inference sampling
+streams derive from (run.seed, worker, restart, start step) (`backends.factory.sampling_seed`), so a
+resumed run draws fresh, reproducible streams; prompts are a pure function of their stream index.
 """
 from __future__ import annotations
 

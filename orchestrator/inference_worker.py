@@ -44,7 +44,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from orchestrator.backends.factory import build_inference
 
     cfg = Config.model_validate(spec.config)
-    backend, task = build_inference(cfg, spec.index, spec.gen)
+    backend, task = build_inference(cfg, spec.index, spec.gen, spec.start_step)
     nbytes = backend.weight_nbytes()
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))

@@ -141,6 +141,7 @@ class Supervisor:
         if cfg.gpu_weights:          # CUDA IPC needs the trainer's GPU visible (last ordinal)
             own += (cfg.actor.device,)
         return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
+                          start_step=self.start_step,
                           devices=own,
                           threads=cfg.inference.threads_per_worker)
 

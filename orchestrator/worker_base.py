@@ -31,6 +31,7 @@ class WorkerSpec:
     parent_pid: int
     run_dir: str
     gen: int = 0                 # restart generation (names of this worker's rings)
+    start_step: int = 0          # step the run (re)started at: part of the sampling seed
     devices: tuple[str, ...] = ()
     threads: int = 1
     env: dict = field(default_factory=dict)

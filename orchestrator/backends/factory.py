@@ -1,12 +1,20 @@
 """Build the configured backends inside a worker process (heavy imports happen only here)."""
 from __future__ import annotations
 
+import numpy as np
+
 from orchestrator.config import Config
 
 
-def build_inference(cfg: Config, index: int, gen: int = 0):
+def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
+    """Sampling RNG of inference worker `index` (restart generation `gen`) in a run (re)started at
+    `start_step`: every worker, restart and resume draws a fresh, reproducible stream."""
+    return int(np.random.SeedSequence([cfg.run.seed, index, gen, start_step]).generate_state(1)[0])
+
+
+def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0):
     """Return (backend, task or None). `task` fills rewards when the backend does not."""
-    seed = (cfg.run.seed * 1000 + 17 + index) * 1000 + gen
+    seed = sampling_seed(cfg, index, gen, start_step)
     if cfg.inference.backend == "sim":
         from orchestrator.backends.sim_inference import SimInference
         return SimInference(cfg.inference.sim, seed=seed, weight_bytes=cfg.actor.sim.weight_bytes), None

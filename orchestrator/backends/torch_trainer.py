@@ -165,7 +165,9 @@ class TorchTrainer:
         os.makedirs(directory, exist_ok=True)
         tensors = {name: p.detach().cpu().contiguous() for name, p in self.model.named_parameters()}
         _atomic(directory, MODEL_FILE, lambda path: save_file(tensors, path))
-        state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+        state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                 "rng_cpu": torch.get_rng_state(),
+                 "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []}
         _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
 
     def load(self, directory: str) -> None:
@@ -182,6 +184,10 @@ class TorchTrainer:
                            weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
+        if "rng_cpu" in state:
+            torch.set_rng_state(state["rng_cpu"].cpu())
+            if state["rng_cuda"]:
+                torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
 
     def close(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
