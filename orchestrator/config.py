@@ -108,6 +108,8 @@ class ActorConfig(_Section):
     behav_imp_weight_cap: Optional[float] = Field(5.0, gt=1, description="cap on the behaviour importance weight (decoupled loss)")
     ppo_epochs: int = Field(1, ge=1, description="optimizer passes over each batch")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus on loss-masked tokens (0: off)")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="learning-rate schedule over run.total_steps")
+    lr_min_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of actor.lr")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
 

@@ -76,7 +76,6 @@ class EventLoop:
         self.admitted_since_step = 0
         self.admitted_total = 0
         self.empty_run = 0
-        self.last_step_line: Optional[dict] = None
         self.pending_ckpt: dict[int, str] = {}
         self.last_ckpt = start_step
         self.abort = False
@@ -308,7 +307,7 @@ class EventLoop:
         if first_after_resume and self.admitted_since_step > bound:
             raise RunFailed(f"resume lost the staleness bound: {self.admitted_since_step} admissions "
                             f"before the first step, more than (S+1)*B={bound}")
-        self.last_step_line = self.metrics.write(
+        self.metrics.write(
             "step", step=done.step, version=info.version, admitted=self.admitted_since_step,
             **age_summary(ages), trainable=info.trainable,
             out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),

@@ -91,13 +91,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 is_eval = evals.pop(res.request_id, False)
                 seqs = res.sequences
                 seqs.kind = 1 if is_eval else 0
-                if task is not None:
-                    try:
-                        _fill_rewards(seqs, task, is_eval)
-                    except BadEnvOutput as exc:
-                        ctx.send(messages.Rejected(index=spec.index, request_id=res.request_id,
-                                                   reason=str(exc)))
-                        continue
+                if task is not None:      # BadEnvOutput propagates: the run stops with exit 2
+                    _fill_rewards(seqs, task, is_eval)
                 out.put(encode(seqs), timeout=PUT_TIMEOUT_S)
                 ctx.bell.ring()
             ctx.check_parent()

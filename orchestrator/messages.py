@@ -67,13 +67,6 @@ class WeightsLoaded(Msg):
     version: int
 
 
-class Rejected(Msg):
-    """An inference worker could not produce a valid rollout (bad env output); frees gate capacity."""
-    index: int
-    request_id: int
-    reason: str
-
-
 class StepDone(Msg):
     step: int                 # 1-based trainer step just completed
     version: int              # policy version now published (== weights in the weight buffer)
@@ -95,7 +88,7 @@ class Fatal(Msg):
 
 
 Message = Union[Generate, LoadWeights, Abort, Shutdown, SaveCheckpoint, LoadCheckpoint, ReleaseWeights, Ready,
-                WeightsLoaded, Rejected, StepDone, CheckpointSaved, Fatal]
+                WeightsLoaded, StepDone, CheckpointSaved, Fatal]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -179,9 +179,10 @@ class Supervisor:
 
     def _check_procs(self, startup: bool = False) -> None:
         """Called from the event thread: detect dead workers and decide what follows."""
-        for (role, i), p in list(self.procs.items()):
-            if p.exitcode is None:
-                continue
+        dead = [(key, p) for key, p in list(self.procs.items()) if p.exitcode is not None]
+        if dead and not startup:
+            self.loop.drain_inputs()      # a worker that reported a Fatal fails the run with it
+        for (role, i), p in dead:
             where = f"see {self.run_dir}/logs/{role}{i}.log"
             if role == "trainer" or startup:
                 extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"

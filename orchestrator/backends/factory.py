@@ -44,5 +44,5 @@ def build_trainer(cfg: Config):
         from orchestrator.backends.torch_trainer import TorchTrainer
         device = "cuda:0" if cfg.actor.device != "cpu" else "cpu"
         return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device,
-                            temperature=cfg.rollout.temperature)
+                            temperature=cfg.rollout.temperature, total_steps=cfg.run.total_steps)
     raise ValueError(f"unknown actor.backend {cfg.actor.backend!r}")

@@ -21,6 +21,7 @@ Contract (TrainerBackend of base.py):
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from typing import Optional
@@ -74,8 +75,10 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, temperature: fl
 
 
 class TorchTrainer:
-    def __init__(self, model_cfg, actor_cfg, task_cfg, seed: int, device="cpu", temperature: float = 1.0):
+    def __init__(self, model_cfg, actor_cfg, task_cfg, seed: int, device="cpu", temperature: float = 1.0,
+                 total_steps: int = 1):
         self.cfg = actor_cfg
+        self.total_steps = total_steps
         self.device = resolve_device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(actor_cfg.threads)
@@ -87,6 +90,15 @@ class TorchTrainer:
         self.layout = flat_layout(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=actor_cfg.lr)
         self.steps = 0
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for 1-based trainer step `step` (a pure function: resume-safe)."""
+        base = self.cfg.lr
+        if self.cfg.lr_schedule == "constant" or self.total_steps <= 1:
+            return base
+        frac = min(1.0, max(0.0, (step - 1) / (self.total_steps - 1)))
+        floor = self.cfg.lr_min_ratio
+        return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     # ------------------------------------------------------------------ training
     def _tensors(self, batch: Sequences) -> dict[str, torch.Tensor]:
@@ -124,6 +136,9 @@ class TorchTrainer:
             if not self.cfg.use_decoupled_loss:
                 behav, prox = prox, None  # standard PPO anchored at the recomputed policy
 
+        lr = self.lr_at(batch.ident)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.model.train()
         totals: dict[str, float] = {}
         for _ in range(self.cfg.ppo_epochs):
@@ -144,7 +159,8 @@ class TorchTrainer:
         self.model.eval()
         self.steps += 1
         out = {k: v / self.cfg.ppo_epochs for k, v in totals.items()}
-        out.update(tokens=float(n_tok), sequences=float(batch.n), skipped=0.0, steps=float(self.steps))
+        out.update(tokens=float(n_tok), sequences=float(batch.n), skipped=0.0, steps=float(self.steps),
+                   lr=lr)
         return out
 
     # ------------------------------------------------------------------ weights
