@@ -37,7 +37,8 @@ KIND_TRAIN, KIND_EVAL = 0, 1  # Sequences.kind of a result (the inference worker
 
 
 @dataclass
-class _Row:
+class Row:
+    """One sample being generated (shared with the vllm backend)."""
     tokens: list[int]
     prompt_len: int
     logprobs: list[float] = field(default_factory=list)
@@ -46,12 +47,12 @@ class _Row:
 
 
 @dataclass
-class _Active:
+class Active:
     req: GenRequest
-    rows: list[_Row]
+    rows: list[Row]
 
 
-def build_sequences(request_id: int, prompt_id: int, rows: list[_Row], kind: int = KIND_TRAIN) -> Sequences:
+def build_sequences(request_id: int, prompt_id: int, rows: list[Row], kind: int = KIND_TRAIN) -> Sequences:
     """Columnar record for one request's rows (the layout described in the module docstring)."""
     n = len(rows)
     lens = np.array([len(r.tokens) for r in rows], dtype=np.int64)
@@ -101,7 +102,7 @@ class TorchInference:
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(seed if sample_seed is None else sample_seed))
         self._waiting: deque[GenRequest] = deque()
-        self._running: dict[int, _Active] = {}
+        self._running: dict[int, Active] = {}
 
     # ------------------------------------------------------------------ requests
     def add(self, req: GenRequest) -> None:
@@ -131,7 +132,7 @@ class TorchInference:
         while self._waiting and (not self._running or rows + self._waiting[0].n <= self.max_batch):
             req = self._waiting.popleft()
             prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
-            self._running[req.request_id] = _Active(req, [_Row(list(prompt), len(prompt))
+            self._running[req.request_id] = Active(req, [Row(list(prompt), len(prompt))
                                                           for _ in range(req.n)])
             rows += req.n
 
@@ -149,7 +150,7 @@ class TorchInference:
             finished.append(GenResult(rid, build_sequences(rid, a.req.prompt_id, a.rows, kind)))
         return finished
 
-    def _decode(self, live: list[tuple[_Active, _Row]]) -> None:
+    def _decode(self, live: list[tuple[Active, Row]]) -> None:
         lens = [len(r.tokens) for _, r in live]
         width = max(lens)
         ids = np.full((len(live), width), self.pad_id, dtype=np.int64)

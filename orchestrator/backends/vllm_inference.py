@@ -42,14 +42,13 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 import torch
 
 from orchestrator.backends.base import GenRequest, GenResult
-from orchestrator.backends.torch_inference import KIND_EVAL, KIND_TRAIN, build_sequences
+from orchestrator.backends.torch_inference import KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences
 from orchestrator.model import FlatLayout, build_model, build_tokenizer, flat_layout, torch_dtype
 
 EXTENSION = "orchestrator.backends.vllm_inference.FlatWeightsExtension"
@@ -88,21 +87,6 @@ class FlatWeightsExtension:
         weights = named_tensors(layout, flat)
         self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return len(weights)
-
-
-@dataclass
-class _Sample:  # one row, in the shape torch_inference.build_sequences reads
-    tokens: list[int]
-    prompt_len: int
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    done: bool = False
-
-
-@dataclass
-class _Active:
-    req: GenRequest
-    rows: list[_Sample]
 
 
 def _check_head_size(hf_config) -> None:
@@ -152,7 +136,7 @@ class VllmInference:
             self.close()
             raise
         self.version = 0
-        self._active: dict[int, _Active] = {}
+        self._active: dict[int, Active] = {}
 
     # ------------------------------------------------------------------ setup
     def _materialise(self, cfg):
@@ -217,7 +201,7 @@ class VllmInference:
                                 output_kind=RequestOutputKind.DELTA)
         (engine_input,) = self.engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
         self.engine.add_request(str(req.request_id), engine_input, params)
-        self._active[req.request_id] = _Active(req, [_Sample(list(prompt), plen) for _ in range(req.n)])
+        self._active[req.request_id] = Active(req, [Row(list(prompt), plen) for _ in range(req.n)])
 
     def num_active(self) -> int:
         return len(self._active)
