@@ -1,0 +1,29 @@
+"""Shared pytest hooks: every test must leave none of this project's objects in /dev/shm."""
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+from shm import segments
+
+
+def _left_by_us(fname: str) -> bool:
+    """New entry owned by this process, a descendant, a dead process, or nobody (orphan)."""
+    if not os.path.exists(os.path.join(segments.SHM_DIR, fname)):
+        return False
+    owner = segments.entry_owner(fname)
+    if owner is None or owner[0] == os.getpid() or not segments.pid_alive(*owner):
+        return True
+    return owner[0] in {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(autouse=True)
+def _no_shm_leftovers():
+    before = set(segments.list_entries())
+    yield
+    leaked = [f for f in segments.list_entries() if f not in before and _left_by_us(f)]
+    for fname in leaked:
+        segments.remove_entry(fname)
+    assert not leaked, f"test left shared memory in {segments.SHM_DIR}: {leaked}"
