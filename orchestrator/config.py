@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -121,6 +121,14 @@ class ActorConfig(_Section):
 
 
 class ModelConfig(_Section):
+    @field_validator("path")
+    @classmethod
+    def _path_is_a_directory(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError("not a directory (an HF-format model directory is expected)")
+        return v
+
+
     path: Optional[str] = Field(None, description="HF-format model directory; None: build the tiny model in code")
     hidden_size: int = Field(64, ge=8, description="tiny model width")
     num_layers: int = Field(2, ge=1, description="tiny model depth")

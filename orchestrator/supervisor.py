@@ -257,8 +257,14 @@ class Supervisor:
         res = Resources(names)
         mthread = None
         try:
-            task = build_task(cfg)
-            res = create_resources(names, self._weight_nbytes())
+            try:        # task and model files are input: a broken one is exit 2
+                task = build_task(cfg)
+                nbytes = self._weight_nbytes()
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
+                                f"{cfg.model.path!r}: {why}", 2) from None
+            res = create_resources(names, nbytes)
             self._start(self._spec(res, "trainer", 0))
             for i in range(cfg.inference.num_workers):
                 self._start(self._spec(res, "inference", i))
