@@ -19,6 +19,11 @@ Commit protocol: payload first, then the record header, then head (published las
 at any point leaves head unchanged, so the reader never sees the partial record. The reader checks
 pos/len/check/bounds of every record it consumes and raises CorruptRecord on any mismatch.
 
+Fast path: when the C extension `shm._ringfast` is built (setup.py; skipped without a compiler, or
+with ARL_RING_PURE_PYTHON=1), put/get of a record that needs no wrap and no wait, and the spin
+phase of a get, run in C with the same layout, commit protocol and fences; everything else (wrap
+markers, sleeping, timeouts, corrupt records) runs the Python code below.
+
 Waiting: spin for `spin_us` (sched_yield between polls after the first 5 us, so a peer waiting for
 this CPU on an oversubscribed machine runs at once), then announce sleeping (a fresh nonzero ticket
 in the header), fence, re-check, and block on a posix_ipc semaphore in bounded slices (50 ms, so
@@ -36,6 +41,13 @@ import posix_ipc
 
 from shm import segments
 from shm.segments import HEADER_SIZE, KIND_RING, Segment, pid_alive
+
+try:        # the C fast path (shm/_ringfast.c); ARL_RING_PURE_PYTHON=1 or no compiler: pure Python
+    from shm._ringfast import Core as _Core
+except ImportError:
+    _Core = None
+if os.environ.get("ARL_RING_PURE_PYTHON"):
+    _Core = None
 
 __all__ = ["Ring", "CorruptRecord"]
 
@@ -75,6 +87,9 @@ class Ring:
         self._ticket = time.monotonic_ns()                # sleep tickets never repeat across objects
         self._posted_r = self._posted_w = 0
         self.sleeps = self.late_wakeups = 0               # this object's waits (diagnostics)
+        self._core = None if _Core is None else _Core(
+            seg.mm, self.capacity, segments.sem_name(seg.name, "data"),
+            segments.sem_name(seg.name, "space"))
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -119,6 +134,8 @@ class Ring:
     def close(self) -> None:
         if self._mm.closed:
             return
+        if self._core is not None:
+            self._core.release()
         self._sem_data.close()
         self._sem_space.close()
         self._q.release()
@@ -143,6 +160,13 @@ class Ring:
     # ---- writer ----------------------------------------------------------------------------
     def put(self, data, timeout: float | None = None) -> None:
         """Append one record (bytes-like, C-contiguous). Blocks up to `timeout` s for space."""
+        core = self._core
+        if core is not None:
+            if self._head is None:
+                self._start_writer()
+            if core.put(data):
+                return
+            self._head, self._peer_tail = self._q[_HEAD], self._q[_TAIL]   # the C path moved them
         kind = type(data)
         if kind is not bytes and kind is not bytearray:
             data = memoryview(data)
@@ -208,6 +232,8 @@ class Ring:
 
     def _make_room(self, n: int, need: int, timeout) -> tuple[int, int]:
         """Slow path: wrap if the record does not fit before the end, wait for space; (head, at)."""
+        if self._core is not None:                        # the C path moves head without us
+            self._head, self._peer_tail = self._q[_HEAD], self._q[_TAIL]
         cap, head = self.capacity, self._head
         at = head % cap
         if at + need > cap:
@@ -242,6 +268,14 @@ class Ring:
     # ---- reader ----------------------------------------------------------------------------
     def get(self, timeout: float | None = None) -> bytes:
         """Next record as bytes; TimeoutError if none arrives within `timeout` s (None = forever)."""
+        core = self._core
+        if core is not None:
+            if self._tail is None:
+                self._start_reader()
+            data = core.get(self.spin_s if timeout is None or timeout > self.spin_s else timeout)
+            if data is not None:
+                return data
+            self._tail, self._peer_head = self._q[_TAIL], self._q[_HEAD]   # the C path moved them
         tail = self._tail
         if tail is None:
             tail = self._start_reader()
@@ -368,6 +402,10 @@ class Ring:
                 records += 1
         return {"capacity": cap, "used_bytes": head - tail, "records": records,
                 "sleeps": self.sleeps, "late_wakeups": self.late_wakeups}
+
+    def positions(self) -> tuple[int, int]:
+        """(head, tail) byte counters as published in shared memory."""
+        return self._q[_HEAD], self._q[_TAIL]
 
     def writer_pid(self) -> int:
         return self._q[_W_PID]
