@@ -81,6 +81,8 @@ class EventLoop:
         self.abort = False
         self.reused = 0
         self.last_eval = start_step
+        self.last_ages: dict = {}
+        self.last_parked_s: Optional[float] = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -99,7 +101,8 @@ class EventLoop:
                 "admitted_total": self.admitted_total, "capacity": self.gate.capacity(),
                 "dispatch_paused": self.dispatcher.paused,
                 **{f"gate_{k}": v for k, v in self.gate.stats().items()},
-                "last_sync_s": self.watcher.last_sync_s}
+                "last_sync_s": self.watcher.last_sync_s, "last_parked_s": self.last_parked_s,
+                **{f"last_{k}": v for k, v in self.last_ages.items()}}
 
     # ------------------------------------------------------------------ inputs
     def _on_control(self, msg) -> None:
@@ -220,11 +223,6 @@ class EventLoop:
                 if summary:
                     self.metrics.write(**summary)
                 continue
-            for i in range(group.n):
-                sl = group.seq(i)
-                st = stamp(group.versions[sl], group.loss_mask[sl])
-                if st is not None and st.spans_versions:
-                    log.debug("request %d sample %d spans versions %s", group.ident, i, st.rle)
             self.sink.add(group)
         while self.sink.ready() and self.built < self.cfg.run.total_steps:
             step = self.built + 1
@@ -301,7 +299,9 @@ class EventLoop:
             self._write_step(info, done, parked)
 
     def _write_step(self, info: BatchInfo, done: messages.StepDone, parked: float) -> None:
-        ages = token_ages(info.version, info.consumed.versions, info.consumed.loss_mask)
+        c = info.consumed
+        ages = token_ages(info.version, c.versions, c.loss_mask)
+        stamps = [stamp(c.versions[c.seq(i)], c.loss_mask[c.seq(i)]) for i in range(c.n)]
         first_after_resume = self.resumed and done.step == self.start_step + 1
         bound = (self.cfg.rollout.max_head_offpolicyness + 1) * self.cfg.rollout.consumer_batch_size
         if first_after_resume and self.admitted_since_step > bound:
@@ -315,8 +315,12 @@ class EventLoop:
             reward_mean=info.reward_mean, loss=done.stats.get("loss"),
             resumed=first_after_resume,
             train_s=done.train_s, groups=info.groups,
+            spanning=sum(1 for st in stamps if st is not None and st.spans_versions),
+            not_live=sum(1 for st in stamps if st is None),
             **{f"train_{k}": v for k, v in done.stats.items() if k != "loss"})
         self.admitted_since_step = 0
+        self.last_ages = {k: v for k, v in age_summary(ages).items() if k != "age_mean"}
+        self.last_parked_s = parked
 
     def watch(self) -> None:
         target = self.watcher.poll(self.live_workers())
