@@ -25,6 +25,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shm.counter import SharedCounter  # noqa: E402
+import shm.ring  # noqa: E402
 from shm.ring import Ring  # noqa: E402
 from shm.segments import segment_name  # noqa: E402
 from shm.weights import WeightBuffer  # noqa: E402
@@ -217,7 +218,8 @@ def main() -> None:
          f"{med(r['mc100']) * 1e3:.2f} ms", ratios("hand", "mc100"), "<=", 2.0),
     ]
     print(f"bench_ring: {done} interleaved rounds in {elapsed:.1f}s, ring {args.ring_mb} MB, "
-          f"spin {args.spin_us:g} us, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+          f"spin {args.spin_us:g} us, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, "
+          f"ring path: {'C fast path' if shm.ring._Core is not None else 'pure Python'}")
     print(f"{'metric':40s} {'measured':>15s} {'baseline':>15s} {'ratio':>8s}  target   result")
     for label, val, base, ratio, op, target in rows:
         ok = ratio >= target if op == ">=" else ratio <= target

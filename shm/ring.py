@@ -183,19 +183,7 @@ class Ring:
             head, at = self._make_room(n, need, timeout)
         pos = _DATA + at
         self._mm[pos + _REC:pos + _REC + n] = data
-        # commit: record header, then head (published last), then wake the reader if it sleeps
-        q = self._q
-        i = pos >> 3
-        q[i] = head
-        q[i + 1] = n | (((head >> 4) ^ n ^ _MIX) & _M32) << 32
-        self._head = head = head + need
-        q[_HEAD] = head
-        _acq()
-        _rel()                                            # fence: head store before ticket load
-        t = q[_R_WAIT]
-        if t and t != self._posted_r:
-            self._posted_r = t
-            self._sem_data.release()
+        self._publish(pos, head, n, need)
 
     def put_from(self, nbytes: int, fill, timeout: float | None = None) -> None:
         """Append an `nbytes` record written in place by `fill(memoryview)` (no intermediate copy),
@@ -218,6 +206,7 @@ class Ring:
         self._publish(pos, head, nbytes, need)
 
     def _publish(self, pos: int, head: int, n: int, need: int) -> None:
+        """Commit: record header, then head (published last), fence, wake the reader if asleep."""
         q = self._q
         q[pos >> 3] = head
         q[(pos >> 3) + 1] = n | (((head >> 4) ^ n ^ _MIX) & _M32) << 32
@@ -302,18 +291,11 @@ class Ring:
                                 f"head {head} / capacity {cap}")
         pos = _DATA + at + _REC
         data = self._mm[pos:pos + n]
-        # release: tail published after the copy, then wake the writer if it sleeps
-        self._tail = end
-        q[_TAIL] = end
-        _acq()
-        _rel()                                            # fence: tail store before ticket load
-        t = q[_W_WAIT]
-        if t and t != self._posted_w:
-            self._posted_w = t
-            self._sem_space.release()
+        self._release(end)                                # tail published after the copy
         return data
 
     def _release(self, tail: int) -> None:
+        """Publish the new tail, fence (tail store before ticket load), wake a sleeping writer."""
         q = self._q
         self._tail = tail
         q[_TAIL] = tail

@@ -52,6 +52,17 @@ class Active:
     rows: list[Row]
 
 
+def check_request(req: GenRequest, max_seq_len: int, active: bool) -> None:
+    """What every model backend refuses (shared with the vllm backend)."""
+    plen = int(len(req.prompt_tokens))
+    if plen == 0 or plen >= max_seq_len:
+        raise ValueError(f"prompt of {plen} tokens does not fit max_seq_len {max_seq_len}")
+    if req.n < 1 or req.max_new_tokens < 1 or req.temperature <= 0:
+        raise ValueError(f"request {req.request_id}: n, max_new_tokens and temperature must be > 0")
+    if active:
+        raise ValueError(f"request {req.request_id} is already active")
+
+
 def build_sequences(request_id: int, prompt_id: int, rows: list[Row], kind: int = KIND_TRAIN) -> Sequences:
     """Columnar record for one request's rows (the layout described in the module docstring)."""
     n = len(rows)
@@ -106,13 +117,9 @@ class TorchInference:
 
     # ------------------------------------------------------------------ requests
     def add(self, req: GenRequest) -> None:
-        plen = int(len(req.prompt_tokens))
-        if plen == 0 or plen >= self.max_seq_len:
-            raise ValueError(f"prompt of {plen} tokens does not fit max_seq_len {self.max_seq_len}")
-        if req.n < 1 or req.max_new_tokens < 1 or req.temperature <= 0:
-            raise ValueError(f"request {req.request_id}: n, max_new_tokens and temperature must be > 0")
-        if req.request_id in self._running or any(w.request_id == req.request_id for w in self._waiting):
-            raise ValueError(f"request {req.request_id} is already active")
+        active = req.request_id in self._running or any(w.request_id == req.request_id
+                                                        for w in self._waiting)
+        check_request(req, self.max_seq_len, active)
         self._waiting.append(req)
 
     def num_active(self) -> int:

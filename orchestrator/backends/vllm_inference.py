@@ -48,7 +48,8 @@ import numpy as np
 import torch
 
 from orchestrator.backends.base import GenRequest, GenResult
-from orchestrator.backends.torch_inference import KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences
+from orchestrator.backends.torch_inference import (KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences,
+                                                   check_request)
 from orchestrator.model import FlatLayout, build_model, build_tokenizer, flat_layout, torch_dtype
 
 EXTENSION = "orchestrator.backends.vllm_inference.FlatWeightsExtension"
@@ -187,13 +188,7 @@ class VllmInference:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        plen = int(len(req.prompt_tokens))
-        if plen == 0 or plen >= self.max_seq_len:
-            raise ValueError(f"prompt of {plen} tokens does not fit max_seq_len {self.max_seq_len}")
-        if req.n < 1 or req.max_new_tokens < 1 or req.temperature <= 0:
-            raise ValueError(f"request {req.request_id}: n, max_new_tokens and temperature must be > 0")
-        if req.request_id in self._active:
-            raise ValueError(f"request {req.request_id} is already active")
+        check_request(req, self.max_seq_len, req.request_id in self._active)
         prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
         params = SamplingParams(n=req.n, temperature=float(req.temperature),
                                 max_tokens=int(req.max_new_tokens), logprobs=0,
@@ -201,7 +196,7 @@ class VllmInference:
                                 output_kind=RequestOutputKind.DELTA)
         (engine_input,) = self.engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
         self.engine.add_request(str(req.request_id), engine_input, params)
-        self._active[req.request_id] = Active(req, [Row(list(prompt), plen) for _ in range(req.n)])
+        self._active[req.request_id] = Active(req, [Row(list(prompt), len(prompt)) for _ in range(req.n)])
 
     def num_active(self) -> int:
         return len(self._active)
