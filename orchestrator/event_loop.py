@@ -170,10 +170,22 @@ class EventLoop:
         return n
 
     # ------------------------------------------------------------------ admission
-    def admit(self) -> int:
+    def _pump(self) -> int:
+        """Submit queued prompts to workers; the gate counts training ones as running."""
         n = 0
+        for m in self.dispatcher.pump():
+            if not m.eval:
+                self.gate.on_submitted()
+                n += 1
+        self.admitted_since_step += n
+        self.admitted_total += n
+        return n
+
+    def admit(self) -> int:
+        """Admit new prompts while the gate has capacity and the step target needs them."""
+        n = self._pump()                   # re-dispatched or eval prompts queued earlier first
         if self.stop_requested:
-            return 0
+            return n
         r = self.cfg.rollout
         while not self.dispatcher.in_queue and not self.dispatcher.paused:
             s = self.gate.stats()
@@ -188,16 +200,7 @@ class EventLoop:
             self.dispatcher.enqueue(messages.Generate(
                 request_id=rid, prompt_id=pid, prompt_tokens=tokens.tolist(), n=r.group_size,
                 max_new_tokens=r.max_new_tokens, temperature=r.temperature))
-            for m in self.dispatcher.pump():
-                if not m.eval:
-                    self.gate.on_submitted()
-                    n += 1
-        for m in self.dispatcher.pump():
-            if not m.eval:
-                self.gate.on_submitted()
-                n += 1
-        self.admitted_since_step += n
-        self.admitted_total += n
+            n += self._pump()
         return n
 
     def start_eval(self, step: int) -> None:
