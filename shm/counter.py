@@ -7,12 +7,12 @@ instructions: a reader sees either the old or the new value, never a mix. One wr
 """
 from __future__ import annotations
 
-from shm.segments import HEADER_SIZE, KIND_COUNTER, Segment
+from shm.segments import HEADER_SIZE, KIND_COUNTER, Mapped, Segment
 
 _WORD = HEADER_SIZE // 8                      # int64 index of the value
 
 
-class SharedCounter:
+class SharedCounter(Mapped):
     def __init__(self, seg: Segment):
         self._seg = seg
         self.name = seg.name
@@ -35,19 +35,5 @@ class SharedCounter:
     def set(self, v: int) -> None:
         self._q[_WORD] = v
 
-    def close(self) -> None:
-        if not self._seg.mm.closed:
-            self._q.release()
-            self._seg.close()
-
-    def unlink(self) -> None:
-        self._seg.unlink()
-
-    def __enter__(self) -> "SharedCounter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        owner = self._seg.owner
-        self.close()
-        if owner:
-            self._seg.unlink()
+    def _views(self) -> tuple:
+        return (self._q,)

@@ -40,7 +40,7 @@ import time
 import posix_ipc
 
 from shm import segments
-from shm.segments import HEADER_SIZE, KIND_RING, Segment, pid_alive
+from shm.segments import HEADER_SIZE, KIND_RING, Mapped, Segment, pid_alive
 
 try:        # the C fast path (shm/_ringfast.c); ARL_RING_PURE_PYTHON=1 or no compiler: pure Python
     from shm._ringfast import Core as _Core
@@ -73,7 +73,7 @@ _now = time.perf_counter
 _yield = os.sched_yield
 
 
-class Ring:
+class Ring(Mapped):
     def __init__(self, seg: Segment, spin_us: float):
         self._seg, self._mm = seg, seg.mm
         self._mv = memoryview(seg.mm)
@@ -131,31 +131,20 @@ class Ring:
             segments.unlink_quietly(segments.sem_name(name, suffix), semaphore=True)
         segments.unlink_quietly(name)
 
-    def close(self) -> None:
-        if self._mm.closed:
-            return
+    def _before_close(self) -> None:
         if self._core is not None:
-            self._core.release()
+            self._core.release()                          # drops its export of the mapping
         self._sem_data.close()
         self._sem_space.close()
-        self._q.release()
-        self._mv.release()
-        self._seg.close()
+
+    def _views(self) -> tuple:
+        return (self._q, self._mv)
 
     def unlink(self) -> None:
         """Remove the names (owner only); mappings stay valid until closed."""
         if not self._seg.owner:
             raise RuntimeError(f"only the owner of ring {self.name} may unlink it")
         self._unlink_names(self.name)
-
-    def __enter__(self) -> "Ring":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        owner = self._seg.owner
-        self.close()
-        if owner:
-            self._unlink_names(self.name)
 
     # ---- writer ----------------------------------------------------------------------------
     def put(self, data, timeout: float | None = None) -> None:

@@ -182,6 +182,40 @@ class Segment:
         unlink_quietly(self.name)
 
 
+class Mapped:
+    """Lifecycle shared by the shm objects built on a Segment: `close()` releases this process's
+    views and then the mapping; `unlink()` removes the name (owner only); as a context manager the
+    object closes, and the owner also unlinks. Subclasses list their views in `_views()` and free
+    anything else first in `_before_close()`."""
+    _seg: Segment
+
+    def _views(self) -> tuple:
+        return ()
+
+    def _before_close(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._seg.mm.closed:
+            return
+        self._before_close()
+        for view in self._views():
+            view.release()
+        self._seg.close()
+
+    def unlink(self) -> None:
+        self._seg.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        owner = self._seg.owner
+        self.close()
+        if owner:
+            self.unlink()
+
+
 def unlink_quietly(name: str, semaphore: bool = False) -> bool:
     try:
         (posix_ipc.unlink_semaphore if semaphore else posix_ipc.unlink_shared_memory)(name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from shm.segments import HEADER_SIZE, KIND_WEIGHTS, PAGE, Segment
+from shm.segments import HEADER_SIZE, KIND_WEIGHTS, PAGE, Mapped, Segment
 
 _CUR = 8                                   # int64 index: (version << 1) | slot, -1 = none yet
 _NBYTES = 9                                # slot capacity in bytes
@@ -46,7 +46,7 @@ def _release(view: memoryview) -> None:
         pass
 
 
-class WeightBuffer:
+class WeightBuffer(Mapped):
     def __init__(self, seg: Segment):
         self._seg, self.name = seg, seg.name
         self._mv = memoryview(seg.mm)
@@ -202,21 +202,6 @@ class WeightBuffer:
                 time.sleep(pause)
             pause = min(max(pause * 2, 5e-5), 5e-4)
 
-    # ---- lifecycle -------------------------------------------------------------------------
-    def close(self) -> None:
-        if not self._seg.mm.closed:
-            self._q.release()
-            self._mv.release()
-            self._seg.close()
-
-    def unlink(self) -> None:
-        self._seg.unlink()
-
-    def __enter__(self) -> "WeightBuffer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        owner = self._seg.owner
-        self.close()
-        if owner:
-            self._seg.unlink()
+    # ---- lifecycle ----------------------------------------------------------------------
+    def _views(self) -> tuple:
+        return (self._q, self._mv)
