@@ -32,6 +32,8 @@ def main(argv=None) -> int:
         return 2
 
     if plan.complete:
+        from shm.segments import sweep_dead
+        sweep_dead()            # a run killed after its last checkpoint still leaves segments
         print(f"done: checkpoint {plan.start_step} already reaches run.total_steps="
               f"{cfg.run.total_steps}; nothing to run (run dir {plan.run_dir})", file=sys.stderr)
         return 0

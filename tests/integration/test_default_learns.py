@@ -27,7 +27,7 @@ def test_default_job_learns(tmp_path):
     assert last >= 0.8 and last - first >= 0.5, (first, last)
     evals = [r for r in recs if r["kind"] == "eval"]
     assert len(evals) == cfg["run"]["total_steps"] // cfg["eval"]["every_steps"]
-    assert evals[-1]["reward_mean"] > evals[0]["reward_mean"] or evals[0]["reward_mean"] >= 0.8
+    assert evals[-1]["reward_mean"] >= first + 0.3          # held-out prompts improved too
     S = cfg["rollout"]["max_head_offpolicyness"]
     assert np.mean([r["age_mean"] for r in steps]) <= S
     assert (tmp_path / "checkpoints" / "latest").read_text() == f"step_{len(steps):08d}"

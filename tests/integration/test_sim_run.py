@@ -98,12 +98,27 @@ def test_kill_resume_trains_every_prompt_exactly_once(tmp_path):
     assert sorted(ids) == list(range(30 * 8))
 
 
-def test_resuming_a_finished_run_is_a_no_op(tmp_path):
+def test_resuming_a_finished_run_is_a_no_op_that_still_sweeps(tmp_path):
+    """A run killed after its final checkpoint leaves segments; resuming it has nothing to train
+    but still removes them."""
+    import multiprocessing as mp
+    import signal
+    import uuid
+    from tests.unit.test_sweeper import _create_and_hang
     assert launch(f"run.dir={tmp_path}", "run.total_steps=5").returncode == 0
     before = (tmp_path / "metrics.jsonl").read_text()
+    ctx = mp.get_context("spawn")
+    run_id, ready = "t" + uuid.uuid4().hex[:12], ctx.Event()
+    dead = ctx.Process(target=_create_and_hang, args=(run_id, ready), daemon=True)
+    dead.start()
+    assert ready.wait(20)
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.join(10)
+    assert any(n.startswith(f"arl_{run_id}") for n in os.listdir("/dev/shm"))
     again = launch(f"run.dir={tmp_path}", "run.total_steps=5", "run.resume=auto")
     assert again.returncode == 0 and "nothing to run" in again.stderr
     assert (tmp_path / "metrics.jsonl").read_text() == before
+    assert not any(run_id in n for n in os.listdir("/dev/shm"))
 
 
 def test_bad_env_output_exits_2_with_one_line(tmp_path):
