@@ -1,0 +1,75 @@
+"""Async vs synchronous RL loop, measured in one run: steps/s and trainer busy fraction.
+
+    python scripts/bench_pipeline.py [--steps 40] [--latency 0.05] [--step-time 0.05] [--backend sim]
+
+Runs the real supervisor twice per round, alternating: `max_head_offpolicyness=0` (the synchronous
+baseline: generation and training take turns) and `max_head_offpolicyness=S` (asynchronous), with
+the same rollout latency and trainer step time, and prints the median throughput ratio with the
+observed ages. With the `sim` backends the work is sleeps, so the ratio measures the orchestration
+(overlap, gate, ship hold, weight sync), not compute. `--backend torch` runs the default job's model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_once(S: int, args, run_dir: str) -> dict:
+    if args.backend == "sim":
+        cfg = "configs/sim.yaml"
+        extra = [f"inference.sim.latency_s={args.latency}", f"actor.sim.step_time_s={args.step_time}"]
+    else:
+        cfg = "configs/default.yaml"
+        extra = ["eval.every_steps=0", "run.checkpoint_every=0"]
+    cmd = [sys.executable, "-m", "orchestrator.launch", "--config", cfg, f"run.dir={run_dir}",
+           "run.resume=never", "run.progress=false", f"run.total_steps={args.steps}",
+           f"rollout.max_head_offpolicyness={S}", *extra]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"run failed (S={S}): {out.stderr.strip().splitlines()[-1]}")
+    steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r for r in steps if r["kind"] == "step"]
+    warm = steps[len(steps) // 4:]                   # skip the fill-up
+    span = warm[-1]["time"] - warm[0]["time"]
+    train = sum(r["train_s"] for r in warm[1:])
+    return {"steps_per_s": (len(warm) - 1) / span, "trainer_busy": train / span,
+            "age_max": max(r["age_max"] for r in steps), "age_mean": statistics.mean(r["age_mean"] for r in steps)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--staleness", type=int, default=2)
+    ap.add_argument("--latency", type=float, default=0.05, help="sim rollout latency (s)")
+    ap.add_argument("--step-time", type=float, default=0.05, help="sim trainer step time (s)")
+    ap.add_argument("--backend", choices=["sim", "torch"], default="sim")
+    args = ap.parse_args(argv)
+    res = {0: [], args.staleness: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):                 # interleaved: noise hits both alike
+            for S in res:
+                res[S].append(run_once(S, args, os.path.join(tmp, f"S{S}_{r}")))
+    sync, asyn = res[0], res[args.staleness]
+    med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+    ratio = med(asyn, "steps_per_s") / med(sync, "steps_per_s")
+    print(f"bench_pipeline: backend {args.backend}, {args.steps} steps x {args.rounds} rounds, "
+          f"latency {args.latency}s, step {args.step_time}s")
+    print(f"{'mode':14s} {'steps/s':>9s} {'trainer busy':>13s} {'age max':>8s} {'age mean':>9s}")
+    for name, xs in (("sync (S=0)", sync), (f"async (S={args.staleness})", asyn)):
+        print(f"{name:14s} {med(xs, 'steps_per_s'):9.2f} {med(xs, 'trainer_busy'):13.2f} "
+              f"{max(x['age_max'] for x in xs):8d} {med(xs, 'age_mean'):9.2f}")
+    print(f"async / sync throughput: {ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
