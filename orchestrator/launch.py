@@ -8,6 +8,7 @@ before the target. This module stays light: workers re-import it under the spawn
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -43,6 +44,9 @@ def main(argv=None) -> int:
     from orchestrator.supervisor import Supervisor
 
     log_hint = f"{plan.run_dir}/logs"
+    logging.basicConfig(filename=f"{log_hint}/supervisor.log", level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("orchestrator.launch")
     progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress)
     sup = Supervisor(cfg, plan.run_dir, start_step=plan.start_step, cursor_state=plan.cursor_state,
                      checkpoint=plan.checkpoint, on_metrics=progress.update)
@@ -50,10 +54,12 @@ def main(argv=None) -> int:
         code = sup.run()
     except RunFailed as exc:
         progress.close()
+        log.error("run failed: %s", exc)
         print(f"error: {exc} (logs: {log_hint})", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:
         progress.close()
+        log.exception("run failed")
         print(f"error: {type(exc).__name__}: {exc} (logs: {log_hint})", file=sys.stderr)
         return 1
     progress.close()
