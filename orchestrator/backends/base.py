@@ -40,6 +40,8 @@ class InferenceBackend(Protocol):
         """Do at most one unit of work (one decode step for all active sequences; for sim, wait up to
         max_wait_s for the next completion) and return the requests that finished."""
     def num_active(self) -> int: ...
+    # optional: `wait_hint() -> float | None`, seconds until the backend has work to do (None: idle);
+    # without it the worker polls for requests only while nothing is active
     def abort(self, request_id: int) -> bool: ...
     def load_weights(self, version: int, flat: memoryview) -> None:
         """Install new weights between decode steps; later tokens are stamped with `version`."""
