@@ -29,9 +29,6 @@ class Dispatcher:
     def enqueue(self, msg: messages.Generate, front: bool = False) -> None:
         (self.in_queue.appendleft if front else self.in_queue.append)(msg)
 
-    def in_queue_full(self) -> bool:
-        return len(self.in_queue) >= self.queue_size
-
     def pause(self) -> None:
         self.paused = True
 

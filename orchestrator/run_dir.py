@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.checkpoint import atomic_write
 from orchestrator.config import Config
 
 
@@ -54,10 +55,7 @@ def _truncate_metrics(path: str, step: int) -> None:
             if rec.get("kind") in ("step", "eval") and rec.get("step", 0) > step:
                 continue
             keep.append(json.dumps(rec) + "\n")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    atomic_write(path, "".join(keep).encode())
 
 
 def prepare_run_dir(cfg: Config) -> RunPlan:
@@ -73,9 +71,8 @@ def prepare_run_dir(cfg: Config) -> RunPlan:
     if ckpt is None:
         for sub in ("checkpoints", "batches"):
             shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
-        for f in ("metrics.jsonl",):
-            if os.path.exists(os.path.join(run_dir, f)):
-                os.remove(os.path.join(run_dir, f))
+        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+            os.remove(os.path.join(run_dir, "metrics.jsonl"))
         start, cursor = 0, None
     else:
         state = json.load(open(os.path.join(ckpt, "supervisor.json")))
@@ -90,8 +87,5 @@ def prepare_run_dir(cfg: Config) -> RunPlan:
                     shutil.rmtree(os.path.join(ckdir, name), ignore_errors=True)
     for sub in ("checkpoints", "batches", "logs"):
         os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
-    tmp = os.path.join(run_dir, "config.yaml.tmp")
-    with open(tmp, "w") as f:
-        f.write(cfg.to_yaml())
-    os.replace(tmp, os.path.join(run_dir, "config.yaml"))
+    atomic_write(os.path.join(run_dir, "config.yaml"), cfg.to_yaml().encode())
     return RunPlan(run_dir, start, ckpt, cursor)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.config import Config
+from orchestrator.prompts import build_task
 
 
 def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
@@ -20,19 +21,13 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0):
         return SimInference(cfg.inference.sim, seed=seed, weight_bytes=cfg.actor.sim.weight_bytes), None
     if cfg.inference.backend == "torch":
         from orchestrator.backends.torch_inference import TorchInference
-        from orchestrator.model import build_tokenizer
-        from orchestrator.task import make_task
         device = "cuda:0" if cfg.inference.devices else "cpu"
         backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
                                  device=device, sample_seed=seed)
-        task = make_task(cfg.task, build_tokenizer(cfg.task.name), cfg.run.seed)
-        return backend, task
+        return backend, build_task(cfg)
     if cfg.inference.backend == "vllm":
         from orchestrator.backends.vllm_inference import VllmInference
-        from orchestrator.model import build_tokenizer
-        from orchestrator.task import make_task
-        backend = VllmInference(cfg, index, sample_seed=seed)
-        return backend, make_task(cfg.task, build_tokenizer(cfg.task.name), cfg.run.seed)
+        return VllmInference(cfg, index, sample_seed=seed), build_task(cfg)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
 
 

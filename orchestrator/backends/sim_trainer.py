@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from orchestrator.checkpoint import atomic_write
 from orchestrator.config import SimTrainerConfig
 from shm.codec import Sequences
 
@@ -37,10 +38,7 @@ class SimTrainer:
 
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, "sim_trainer.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"steps": self.steps}, f)
-        os.replace(tmp, os.path.join(directory, "sim_trainer.json"))
+        atomic_write(os.path.join(directory, "sim_trainer.json"), json.dumps({"steps": self.steps}).encode())
 
     def load(self, directory: str) -> None:
         with open(os.path.join(directory, "sim_trainer.json")) as f:
