@@ -4,6 +4,16 @@ The supervisor creates (and later unlinks) everything named here; workers attach
 start with `arl_<run_id>_` so the startup sweeper can find segments of dead runs. A doorbell
 semaphore lets the supervisor's event thread sleep while every worker->supervisor ring is empty:
 a worker rings it after each put.
+
+Sizes come from the config, never from guesses: `ring_sizes(cfg) -> RingSizes` bounds the largest
+record each ring carries (a rollout group: rollout.group_size samples of at most
+`max_prompt_tokens(cfg) + max_completion_tokens(cfg)` tokens; a training batch:
+rollout.consumer_batch_size such groups; a Generate message of the longest prompt) and makes every
+ring hold its largest record (the out ring OUT_RING_GROUPS of them, the request ring
+REQ_RING_PROMPTS prompts), never below the fixed minimums, so small configs get exactly those.
+`weight_nbytes(cfg)` is the weight buffer's size (the supervisor creates it with this; importing
+torch only for torch backends); `shm_need(cfg, sizes, weight_nbytes)` the /dev/shm bytes the whole
+run takes, by part (preflight compares it with the free space).
 """
 from __future__ import annotations
 
@@ -12,12 +22,100 @@ from dataclasses import dataclass
 import posix_ipc
 
 from orchestrator import messages
-from shm.segments import segment_name, sem_name
+from shm.segments import PAGE, segment_name, sem_name
 
+# minimum ring capacities (what every ring had before sizes followed the config)
 REQ_RING_BYTES = 1 << 20        # supervisor -> worker control + prompts
 OUT_RING_BYTES = 8 << 20        # inference -> supervisor rollout groups
 CTL_RING_BYTES = 1 << 20        # worker -> supervisor control
 BATCH_RING_BYTES = 32 << 20     # supervisor -> trainer batches
+OUT_RING_GROUPS = 4             # largest groups an out ring holds before its worker waits
+REQ_RING_PROMPTS = 8            # longest prompts a request ring holds (a full ring only queues)
+MAX_RECORD_BYTES = 2 << 30      # one record: the ring's length word is u32 (< 4 GiB) and the
+                                # supervisor holds a batch record several times (built, saved, parked)
+GPU_WEIGHT_BYTES = 1 << 16      # with CUDA IPC the CPU weight buffer carries handles only
+_I64 = (1 << 63) - 1
+_TOKEN = (1 << 31) - 1          # the largest token id a record holds (int32)
+
+
+@dataclass(frozen=True)
+class RingSizes:
+    """Ring capacities of a run (bytes) and the largest record each carries. The defaults are the
+    minimums (tests and tools that build Resources without a config)."""
+    req: int = REQ_RING_BYTES
+    out: int = OUT_RING_BYTES
+    ctl: int = CTL_RING_BYTES
+    batch: int = BATCH_RING_BYTES
+    prompt_tokens: int = 0          # longest prompt
+    completion_tokens: int = 0      # longest completion
+    generate_bytes: int = 0         # largest Generate message
+    group_bytes: int = 0            # largest rollout-group record
+    batch_bytes: int = 0            # largest training-batch record
+
+
+def max_prompt_tokens(cfg) -> int:
+    """Longest prompt of the configured task (ValueError naming task.name if there is none)."""
+    if cfg.task.name == "sim":
+        return cfg.inference.sim.prompt_tokens
+    from orchestrator.task import max_prompt_tokens as digit_prompt_tokens
+    return digit_prompt_tokens(cfg.task.name)
+
+
+def max_completion_tokens(cfg) -> int:
+    """Longest completion: rollout.max_new_tokens; the sim backend emits min(that, its own)."""
+    n = cfg.rollout.max_new_tokens
+    if cfg.inference.backend == "sim":
+        n = min(n, cfg.inference.sim.completion_tokens)
+    return n
+
+
+def ring_sizes(cfg) -> RingSizes:
+    from shm.codec import MAX_SCALARS, record_size
+    from shm.ring import Ring
+
+    P, N = max_prompt_tokens(cfg), max_completion_tokens(cfg)
+    G, B = cfg.rollout.group_size, cfg.rollout.consumer_batch_size
+    group = record_size(G, G * (P + N), MAX_SCALARS)
+    batch = record_size(B * G, B * G * (P + N), MAX_SCALARS)
+    generate = len(messages.encode(messages.Generate(
+        request_id=_I64, prompt_id=_I64, prompt_tokens=[_TOKEN] * P, n=G, max_new_tokens=N,
+        temperature=1.0, eval=True)))
+
+    def cap(minimum: int, records: int, nbytes: int) -> int:
+        need = records * Ring.record_space(nbytes)
+        return max(minimum, (need + PAGE - 1) // PAGE * PAGE)
+
+    return RingSizes(req=cap(REQ_RING_BYTES, REQ_RING_PROMPTS, generate),
+                     out=cap(OUT_RING_BYTES, OUT_RING_GROUPS, group), ctl=CTL_RING_BYTES,
+                     batch=cap(BATCH_RING_BYTES, 1, batch), prompt_tokens=P, completion_tokens=N,
+                     generate_bytes=generate, group_bytes=group, batch_bytes=batch)
+
+
+def weight_nbytes(cfg) -> int:
+    """Bytes of the run's CPU weight buffer (the supervisor creates it with at least 8)."""
+    if cfg.gpu_weights:
+        return GPU_WEIGHT_BYTES
+    if cfg.actor.backend == "sim":
+        return cfg.actor.sim.weight_bytes
+    from orchestrator.model import weight_nbytes_for
+    return weight_nbytes_for(cfg)
+
+
+def shm_need(cfg, sizes: RingSizes, weight_bytes: int) -> dict[str, int]:
+    """/dev/shm bytes of every object the supervisor creates for `cfg`, by part. A restarted
+    inference worker's fresh rings exist while its old ones are freed: one spare set is counted."""
+    from shm.ring import Ring
+    from shm.weights import WeightBuffer
+
+    workers = cfg.inference.num_workers
+    if cfg.inference.on_worker_death == "restart" and cfg.inference.max_restarts:
+        workers += 1
+    return {"weights": WeightBuffer.shm_bytes(max(weight_bytes, 8)),
+            "batch ring": Ring.shm_bytes(sizes.batch),
+            "rollout rings": workers * Ring.shm_bytes(sizes.out),
+            "request rings": workers * Ring.shm_bytes(sizes.req) + Ring.shm_bytes(REQ_RING_BYTES),
+            "control rings": (workers + 1) * Ring.shm_bytes(sizes.ctl),
+            "counters": (workers + 4) * PAGE}   # version, doorbell, a heartbeat per worker: a page each
 
 
 @dataclass(frozen=True)
@@ -54,6 +152,10 @@ class RunNames:
     def batches(self) -> str:
         return self._n("batches")
 
+    def heartbeat(self, role: str, index: int, gen: int = 0) -> str:
+        """A worker's progress word: monotonic milliseconds of its last main-loop turn."""
+        return self._n(f"hb_{role}{index}g{gen}")
+
 
 class Bell:
     """Counting semaphore used as a wake-up: post after a put, wait with a timeout."""
@@ -76,7 +178,7 @@ class Bell:
         try:
             self._sem.acquire(max(0.0, timeout))
             return True
-        except posix_ipc.BusyError:
+        except (posix_ipc.BusyError, posix_ipc.SignalError):   # a signal is a wake-up too
             return False
 
     def close(self) -> None:

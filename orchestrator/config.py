@@ -4,10 +4,19 @@ Contract: `load_config(path, overrides)` returns a fully validated `Config` or r
 whose message is one line naming the offending field (unknown keys suggest the nearest valid key).
 Nothing heavy is imported here; validation happens before any process or shm segment exists.
 Key names under `rollout.*` and `actor.*` follow AReaL.
+
+Input rules: the file must be UTF-8 YAML with no duplicate key at any depth (the error names the
+dotted key and both lines); `1e-3` is a float (YAML 1.2) as well as `1.0e-3`. Values are typed
+strictly, never coerced across bool/int/float/str: an int field takes only an int (not `true`, not
+`2.0`), a float field an int or a float, a str field only a string, a bool field only true/false.
+Floats must be finite (no .inf/.nan). Every count, size and timeout has an upper bound whose reason
+is in its description. Device fields take CUDA indices ('0', or a YAML int 0). Checks that need the
+machine (devices present, CPUs, free /dev/shm) live in `orchestrator.preflight`.
 """
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -22,32 +31,65 @@ class ConfigError(ValueError):
     """Bad configuration; the message is a single line naming the field."""
 
 
+# upper bounds shared by several fields (the reason is in each field's description)
+MAX_STEPS = 99_999_999          # batch files are named step_%08d: more digits break their order
+MAX_TIMEOUT_S = 86_400.0        # a day: longer than any startup, sync or latency worth waiting for
+MAX_THREADS = 1024              # more cores than any single node has
+MAX_TOKENS = 1 << 20            # 1M tokens per prompt or completion; beyond any model's context
+MAX_COUNT = 1 << 20             # queued/in-flight items held in the supervisor's memory
+MAX_CONFIG_BYTES = 1 << 20      # a config file is a page of YAML, not data
+_DEVICE = re.compile(r"(0|[1-9][0-9]{0,5})\Z")
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
+                              allow_inf_nan=False)
+
+
+def _device_text(v: Any) -> Any:
+    """A device index written as a YAML int (0) is the string '0'; bools stay (and are refused)."""
+    return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def _check_device(v: str) -> str:
+    if not _DEVICE.match(v):
+        raise ValueError(f"{v!r} is not a CUDA device index (a non-negative integer such as '0')")
+    return v
 
 
 class RunConfig(_Section):
     dir: str = Field("runs/default", description="run directory (config.yaml, metrics.jsonl, checkpoints/, batches/, logs/)")
-    total_steps: int = Field(50, ge=1, description="trainer steps to run; the loop drains at this target")
+    total_steps: int = Field(50, ge=1, le=MAX_STEPS, description="trainer steps to run; the loop drains "
+                             "at this target (<= 99,999,999: batch files are named step_%08d)")
     resume: Literal["auto", "never", "must"] = Field("auto", description="auto: resume if a checkpoint exists; must: fail if none")
-    seed: int = Field(0, description="seed for prompts, sampling and the sim backends")
-    shutdown_timeout_s: float = Field(10.0, gt=0, description="drain window + terminate + kill budget on SIGINT/SIGTERM")
-    checkpoint_every: int = Field(10, ge=0, description="checkpoint every N steps (0: only at the end)")
-    empty_batch_limit: int = Field(5, ge=1, description="consecutive batches with nothing trainable before the run fails")
-    startup_timeout_s: float = Field(120.0, gt=0, description="how long workers may take to report ready")
+    seed: int = Field(0, ge=0, le=(1 << 63) - 1, description="seed for prompts, sampling and the sim "
+                      "backends (a non-negative int64: numpy seed sequences refuse negative seeds)")
+    shutdown_timeout_s: float = Field(10.0, gt=0, le=3600.0, description="drain window + terminate + "
+                                      "kill budget on SIGINT/SIGTERM (<= 1 h: shutdown must be bounded)")
+    checkpoint_every: int = Field(10, ge=0, le=MAX_STEPS,
+                                  description="checkpoint every N steps (0: only at the end)")
+    empty_batch_limit: int = Field(5, ge=1, le=MAX_STEPS, description="consecutive batches with "
+                                   "nothing trainable before the run fails")
+    startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, description="how long workers may "
+                                     "take to report ready (<= 1 day: longer is a hang, not a load)")
     progress: bool = Field(True, description="progress bar on the console")
 
 
 class SimInferenceConfig(_Section):
     latency: Literal["fixed", "uniform", "lognormal"] = Field("fixed", description="per-rollout latency distribution")
-    latency_s: float = Field(0.05, gt=0, description="fixed latency; mean for lognormal")
-    latency_low_s: float = Field(0.01, gt=0, description="uniform lower bound")
-    latency_high_s: float = Field(0.1, gt=0, description="uniform upper bound")
-    lognormal_sigma: float = Field(0.5, gt=0, description="sigma of the underlying normal for lognormal")
-    completion_tokens: int = Field(16, ge=1, description="tokens generated per rollout")
-    prompt_tokens: int = Field(8, ge=1, description="tokens per prompt")
+    latency_s: float = Field(0.05, gt=0, le=3600.0,
+                             description="fixed latency; mean for lognormal (<= 1 h: a simulation)")
+    latency_low_s: float = Field(0.01, gt=0, le=3600.0, description="uniform lower bound (<= 1 h)")
+    latency_high_s: float = Field(0.1, gt=0, le=3600.0, description="uniform upper bound (<= 1 h)")
+    lognormal_sigma: float = Field(0.5, gt=0, le=10.0, description="sigma of the underlying normal for "
+                                   "lognormal (<= 10: beyond, latencies overflow a float)")
+    completion_tokens: int = Field(16, ge=0, le=MAX_TOKENS, description="tokens generated per rollout: "
+                                   "min(this, rollout.max_new_tokens) (<= 1M tokens; 0: empty "
+                                   "completions, a broken-environment fault to inject)")
+    prompt_tokens: int = Field(8, ge=1, le=MAX_TOKENS, description="tokens per prompt (<= 1M tokens)")
     reward_p: float = Field(0.5, ge=0, le=1, description="probability that a sim rollout gets reward 1")
-    reload_delay_s: float = Field(0.0, ge=0, description="time a weight reload takes (slow-sync experiments)")
+    reload_delay_s: float = Field(0.0, ge=0, le=3600.0, description="time a weight reload takes "
+                                  "(slow-sync experiments; <= 1 h)")
     nan_reward_after: int = Field(0, ge=0, description="fault injection: rollout N gets a NaN reward (0: never)")
 
     @model_validator(mode="after")
@@ -64,15 +106,16 @@ class VllmConfig(_Section):
     enforce_eager: bool = Field(
         True, description="no CUDA graphs / torch.compile: fast startup, right for small models")
     max_model_len: Optional[int] = Field(
-        None, ge=8,
-        description="context length (prompt + completion); None: the model's max_position_embeddings")
+        None, ge=8, le=1 << 24,
+        description="context length (prompt + completion); None: the model's max_position_embeddings "
+                    "(<= 16M tokens: no model has more)")
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="fraction of device memory vLLM may take (on CPU: of host memory); "
                                      "used only when kv_cache_memory_mb is None")
     kv_cache_memory_mb: Optional[int] = Field(
-        256, ge=1,
+        256, ge=1, le=1 << 24,
         description="KV-cache size in MiB (overrides gpu_memory_utilization); None: size it from that "
-                    "fraction")
+                    "fraction (<= 16 TiB: more than any device or host has)")
     recompute_kv_on_reload: bool = Field(
         True, description="after a weight reload, recompute in-flight requests' KV cache under the new "
                           "weights (exact logprobs, one re-prefill per reload); false keeps the stale KV "
@@ -81,37 +124,78 @@ class VllmConfig(_Section):
 
 class InferenceConfig(_Section):
     backend: Literal["sim", "torch", "vllm"] = Field("sim", description="inference backend")
-    num_workers: int = Field(1, ge=1, description="inference worker processes")
-    devices: list[str] = Field(default_factory=list, description="CUDA devices per worker, e.g. ['0','1']; empty: CPU")
-    threads_per_worker: int = Field(1, ge=1, description="torch intra-op threads per CPU worker")
-    max_batch: int = Field(64, ge=1, description="sequences decoded together per step (torch; vllm: max_num_seqs)")
+    num_workers: int = Field(1, ge=1, le=256, description="inference worker processes (<= 256: one "
+                             "process each on one node; preflight also bounds them by the CPUs)")
+    devices: list[str] = Field(default_factory=list, max_length=256, description="CUDA device indices, "
+                               "split evenly among the workers, e.g. ['0','1']; empty: CPU")
+    threads_per_worker: int = Field(1, ge=1, le=MAX_THREADS,
+                                    description="torch intra-op threads per CPU worker (<= 1024 cores)")
+    max_batch: int = Field(64, ge=1, le=65536, description="sequences decoded together per step (torch; "
+                           "vllm: max_num_seqs; <= 65536: beyond any engine's batch)")
     on_worker_death: Literal["restart", "fail"] = Field(
         "restart", description="a dead inference worker: re-dispatch its prompts and restart it, or fail the run")
-    max_restarts: int = Field(3, ge=0, description="inference worker restarts allowed per run")
+    max_restarts: int = Field(3, ge=0, le=10_000, description="inference worker restarts allowed per "
+                              "run (<= 10,000: more is a crash loop, not resilience)")
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0, le=MAX_TIMEOUT_S,
+        description="a ready worker whose main loop makes no turn for this long (stopped, "
+                    "stuck in a step or a reload) is killed and handled as dead; keep it "
+                    "below weights.sync_timeout_s (<= 1 day)")
     sim: SimInferenceConfig = Field(default_factory=SimInferenceConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_as_text(cls, v: Any) -> Any:
+        return [_device_text(d) for d in v] if isinstance(v, list) else v
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_are_indices(cls, v: list[str]) -> list[str]:
+        for d in v:
+            _check_device(d)
+        return v
+
 
 class SimTrainerConfig(_Section):
-    step_time_s: float = Field(0.02, ge=0, description="fixed time per trainer step")
-    weight_bytes: int = Field(1 << 16, ge=8, description="size of the fake weight buffer published per step")
+    step_time_s: float = Field(0.02, ge=0, le=3600.0, description="fixed time per trainer step (<= 1 h)")
+    weight_bytes: int = Field(1 << 16, ge=8, le=1 << 40, description="size of the fake weight buffer "
+                              "published per step (<= 1 TiB; preflight checks it fits /dev/shm twice)")
 
 
 class ActorConfig(_Section):
     backend: Literal["sim", "torch"] = Field("sim", description="trainer backend")
     device: str = Field("cpu", description="trainer device: 'cpu' or a CUDA index disjoint from inference")
-    threads: int = Field(1, ge=1, description="torch intra-op threads for the trainer on CPU")
+    threads: int = Field(1, ge=1, le=MAX_THREADS,
+                         description="torch intra-op threads for the trainer on CPU (<= 1024 cores)")
     lr: float = Field(1e-3, gt=0, description="learning rate (Adam)")
     eps_clip: float = Field(0.2, gt=0, description="PPO clip range")
     use_decoupled_loss: bool = Field(True, description="decoupled PPO objective (proximal policy = recomputed logprobs)")
     recompute_logprob: bool = Field(True, description="recompute logprobs under the current policy before the update")
     behav_imp_weight_cap: Optional[float] = Field(5.0, gt=1, description="cap on the behaviour importance weight (decoupled loss)")
-    ppo_epochs: int = Field(1, ge=1, description="optimizer passes over each batch")
+    ppo_epochs: int = Field(1, ge=1, le=1000, description="optimizer passes over each batch (<= 1000: "
+                            "more only overfits one batch)")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus on loss-masked tokens (0: off)")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="learning-rate schedule over run.total_steps")
     lr_min_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of actor.lr")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    heartbeat_timeout_s: float = Field(
+        600.0, gt=0, le=MAX_TIMEOUT_S,
+        description="progress deadline of the trainer: no main-loop turn for this long "
+                    "(a step, a save or a load that never ends; SIGSTOP) fails the run (<= 1 day)")
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_as_text(cls, v: Any) -> Any:
+        return _device_text(v)
+
+    @field_validator("device")
+    @classmethod
+    def _device_is_cpu_or_index(cls, v: str) -> str:
+        if v != "cpu" and not _DEVICE.match(v):
+            raise ValueError(f"{v!r} is neither 'cpu' nor a CUDA device index (such as '0')")
+        return v
 
     @model_validator(mode="after")
     def _decoupled_needs_recompute(self) -> "ActorConfig":
@@ -130,26 +214,41 @@ class ModelConfig(_Section):
 
 
     path: Optional[str] = Field(None, description="HF-format model directory; None: build the tiny model in code")
-    hidden_size: int = Field(64, ge=8, description="tiny model width")
-    num_layers: int = Field(2, ge=1, description="tiny model depth")
-    num_heads: int = Field(4, ge=1, description="tiny model attention heads")
-    max_seq_len: int = Field(64, ge=8, description="tiny model context length")
+    hidden_size: int = Field(64, ge=8, le=65536, description="tiny model width (<= 65536: no longer tiny)")
+    num_layers: int = Field(2, ge=1, le=1024, description="tiny model depth (<= 1024)")
+    num_heads: int = Field(4, ge=1, le=1024, description="tiny model attention heads (<= 1024)")
+    max_seq_len: int = Field(64, ge=8, le=MAX_TOKENS, description="tiny model context length (<= 1M)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "ModelConfig":
+        if self.path is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"model.hidden_size={self.hidden_size} is not a multiple of "
+                             f"model.num_heads={self.num_heads}")
+        return self
 
 
 class TaskConfig(_Section):
     name: str = Field("sim", description="task with a verifiable reward (see orchestrator/task.py)")
-    num_train_prompts: int = Field(100000, ge=1, description="size of the training prompt stream")
-    num_eval_prompts: int = Field(64, ge=1, description="held-out eval prompts")
+    num_train_prompts: int = Field(100000, ge=1, le=1 << 62,
+                                   description="size of the training prompt stream (prompt ids are int64)")
+    num_eval_prompts: int = Field(64, ge=1, le=MAX_COUNT, description="held-out eval prompts (<= 1M: "
+                                  "an eval round dispatches them all at once)")
 
 
 class RolloutConfig(_Section):
-    max_head_offpolicyness: int = Field(2, ge=0, description="S: max versions between the oldest token and the trainer")
-    consumer_batch_size: int = Field(8, ge=1, description="B: rollouts (prompt groups) per training batch")
-    max_concurrent_rollouts: Optional[int] = Field(None, ge=1, description="C: in-flight cap; None: consumer_batch_size")
-    queue_size: int = Field(1024, ge=1, description="dispatcher input/output queue size")
-    group_size: int = Field(1, ge=1, description="samples per prompt (GRPO group)")
-    max_new_tokens: int = Field(16, ge=1, description="completion length limit")
+    max_head_offpolicyness: int = Field(2, ge=0, le=MAX_STEPS, description="S: max versions between "
+                                        "the oldest token and the trainer (<= 99,999,999, the bound of "
+                                        "run.total_steps: beyond it the gate never binds)")
+    consumer_batch_size: int = Field(8, ge=1, le=65536, description="B: rollouts (prompt groups) per "
+                                     "training batch (<= 65536; preflight sizes the batch ring from it)")
+    max_concurrent_rollouts: Optional[int] = Field(None, ge=1, le=MAX_COUNT, description="C: in-flight "
+                                                   "cap; None: consumer_batch_size (<= 1M: held in memory)")
+    queue_size: int = Field(1024, ge=1, le=MAX_COUNT, description="dispatcher input/output queue size "
+                            "(<= 1M: the queues live in the supervisor's memory)")
+    group_size: int = Field(1, ge=1, le=65536, description="samples per prompt (GRPO group; <= 65536)")
+    max_new_tokens: int = Field(16, ge=1, le=MAX_TOKENS, description="completion length limit (<= 1M "
+                                "tokens; the rings are sized from it)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     filter_zero_std: bool = Field(True, description="drop groups whose rewards are all equal (no learning signal)")
 
@@ -159,16 +258,17 @@ class RolloutConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every_steps: int = Field(0, ge=0, description="run the eval set every N steps (0: off)")
+    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="run the eval set every N steps (0: off)")
     temperature: float = Field(1.0, gt=0, description="eval sampling temperature")
 
 
 class MetricsConfig(_Section):
-    interval_s: float = Field(1.0, gt=0, description="metrics thread tick interval")
+    interval_s: float = Field(1.0, gt=0, le=3600.0, description="metrics thread tick interval (<= 1 h)")
 
 
 class WeightsConfig(_Section):
-    sync_timeout_s: float = Field(60.0, gt=0, description="weight watcher: max time from publish to all inference acks")
+    sync_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="weight watcher: max time "
+                                  "from publish to all inference acks (<= 1 day)")
     pause_during_sync: bool = Field(False, description="pause dispatch while inference reloads (engines that "
                                     "cannot take requests mid-reload)")
 
@@ -186,13 +286,28 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":
-        devices = set(self.inference.devices)
+        inf = self.inference
+        devices = set(inf.devices)
         if self.actor.device != "cpu" and self.actor.device in devices:
             raise ValueError(f"actor.device {self.actor.device} overlaps inference.devices")
-        if self.inference.backend == "sim" and self.actor.backend != "sim":
+        if inf.backend == "sim" and self.actor.backend != "sim":
             raise ValueError("inference.backend sim needs actor.backend sim (no model to train)")
-        if self.actor.backend == "sim" and self.inference.backend != "sim":
+        if self.actor.backend == "sim" and inf.backend != "sim":
             raise ValueError("actor.backend sim needs inference.backend sim")
+        if inf.backend == "sim" and inf.devices:
+            raise ValueError(f"inference.devices={inf.devices} with inference.backend sim: the sim "
+                             f"backend uses no device (leave inference.devices empty)")
+        if self.actor.backend == "sim" and self.actor.device != "cpu":
+            raise ValueError(f"actor.device={self.actor.device!r} with actor.backend sim: the sim "
+                             f"trainer uses no device (actor.device must be 'cpu')")
+        if len(devices) != len(inf.devices):
+            twice = next(d for d in inf.devices if inf.devices.count(d) > 1)
+            raise ValueError(f"inference.devices lists device {twice!r} twice (one inference worker "
+                             f"per device)")
+        if inf.devices and len(inf.devices) % inf.num_workers:
+            raise ValueError(f"inference.devices has {len(inf.devices)} devices for "
+                             f"inference.num_workers={inf.num_workers}: they must split evenly, the "
+                             f"same whole number of devices per worker")
         return self
 
     @property
@@ -227,9 +342,55 @@ def _suggest(path: str) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
+class DuplicateKey(ValueError):
+    """A YAML mapping repeats a key; the message names the dotted key and both lines."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys at any depth and reads YAML 1.2 floats (`1e-3`)."""
+
+    def construct_document(self, node):
+        self._no_duplicates(node, "", set())
+        return super().construct_document(node)
+
+    def _no_duplicates(self, node, prefix: str, seen_nodes: set) -> None:
+        if id(node) in seen_nodes:                    # an alias: that node was checked already
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, value_node in node.value:
+                key = self._key(key_node)
+                if key is not None:
+                    path = f"{prefix}{key}"
+                    if key in first:
+                        raise DuplicateKey(f"duplicate key '{path}' at line "
+                                           f"{key_node.start_mark.line + 1} (first at line {first[key]})")
+                    first[key] = key_node.start_mark.line + 1
+                    self._no_duplicates(value_node, path + ".", seen_nodes)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._no_duplicates(item, f"{prefix}{i}.", seen_nodes)
+
+    def _key(self, node) -> Any:
+        if not isinstance(node, yaml.ScalarNode) or node.tag == "tag:yaml.org,2002:merge":
+            return None
+        key = self.construct_object(node)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+
+_Loader.add_implicit_resolver(          # YAML 1.1 reads 1e-3 (no dot) as a string
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def _parse_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError:
         return text
 
@@ -249,7 +410,16 @@ def apply_override(data: dict, override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override '{key}': '{part}' is not a section")
         node = child
-    node[parts[-1]] = _parse_value(value)
+    try:
+        node[parts[-1]] = _parse_value(value)
+    except DuplicateKey as exc:
+        raise ConfigError(f"override '{key}': {exc}") from None
+
+
+_EXPECTED = {"int_type": "expected an integer", "float_type": "expected a number",
+             "string_type": "expected a string", "bool_type": "expected true or false",
+             "list_type": "expected a list", "model_type": "expected a mapping (a section)",
+             "finite_number": "must be a finite number"}
 
 
 def _format_error(err: ValidationError) -> str:
@@ -257,10 +427,11 @@ def _format_error(err: ValidationError) -> str:
     loc = ".".join(str(p) for p in e["loc"])
     if e["type"] == "extra_forbidden":
         return f"unknown config key '{loc}'{_suggest(loc)}"
-    msg = e["msg"].removeprefix("Value error, ")
+    msg = _EXPECTED.get(e["type"]) or e["msg"].removeprefix("Value error, ")
     if loc:
         got = e.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        kind = f" of type {type(got).__name__}" if e["type"] in _EXPECTED else ""
+        shown = "" if isinstance(got, dict) else f" (got {got!r}{kind})"
         return f"invalid config field '{loc}': {msg}{shown}"
     return f"invalid config: {msg}"
 
@@ -269,11 +440,22 @@ def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) ->
     """Load YAML (default: configs/default.yaml), apply dotted overrides, validate."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file '{path}': {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
     try:
-        data = yaml.safe_load(text) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                          f"line {line})") from None
+    try:
+        data = yaml.load(text, Loader=_Loader) or {}
+    except DuplicateKey as exc:
+        raise ConfigError(f"config file '{path}': {exc}") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where else ""

@@ -1,7 +1,9 @@
 """Prompt sets with verifiable rewards (the `Task` protocol of backends/base.py).
 
 Contract: `make_task(task_cfg, tokenizer, seed) -> Task`; an unknown `task.name` raises ValueError
-naming the field. Every digit task enumerates a finite universe of problems; a seeded choice of
+naming the field. `max_prompt_tokens(name)`: tokens in the longest prompt of a built-in digit task
+(bos + one token per character, whatever the tokenizer), without building it.
+Every digit task enumerates a finite universe of problems; a seeded choice of
 `min(task.num_eval_prompts, universe // 4)` of them is the held-out eval set, the rest form the
 training pool. `train_prompt(index)` is deterministic in (seed, index): the training stream of
 `task.num_train_prompts` prompts walks seeded permutations of the pool; an index past the stream
@@ -155,6 +157,14 @@ class SimTask:
 
 def task_names() -> list[str]:
     return sorted([*TASKS, "sim"])
+
+
+def max_prompt_tokens(name: str) -> int:
+    """Longest prompt of digit task `name` in tokens (DigitTask encodes bos + one id per char)."""
+    if name not in TASKS:
+        raise ValueError(f"invalid config field 'task.name': unknown task {name!r} "
+                         f"(choose from {', '.join(task_names())})")
+    return 1 + max(len(prompt) for prompt, _ in TASKS[name]())
 
 
 def make_task(task_cfg, tokenizer, seed: int, prompt_tokens: Optional[int] = None):

@@ -4,6 +4,8 @@ Contract
 - `encode(s)` -> one contiguous record: a 64-byte header then every array, each starting at a
   64-byte aligned offset, little-endian, in the fixed order of `_FIELDS`. `encode_into(s, buf)`
   writes the same bytes into a writable buffer (e.g. straight into a ring slot via Ring.put_from).
+  `encoded_size(s)` is its size; `record_size(n, T, k)` the size of any record of n sequences, T
+  tokens and k scalars (e.g. the largest record a config can produce, to size rings).
 - `decode(buf)` returns a `Sequences` whose arrays are numpy views into `buf` (read-only when buf
   is). `buf` must be exactly one record. It validates magic, format version, header CRC32, every
   length against the buffer size, offsets (start 0, non-decreasing, end T), prompt_lens bounds and
@@ -21,7 +23,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = ["Sequences", "CodecError", "encode", "encode_into", "encoded_size", "decode", "concat"]
+__all__ = ["Sequences", "CodecError", "encode", "encode_into", "encoded_size", "record_size", "decode",
+           "concat"]
 
 MAGIC = b"ARLQ"
 FORMAT_VERSION = 1
@@ -185,8 +188,13 @@ def _coerce(s: Sequences) -> tuple[int, int, int, list[np.ndarray]]:
     return n, T, k, arrays
 
 
+def record_size(n: int, T: int, k: int = 0) -> int:
+    """Bytes of the record of n sequences holding T tokens in all and k scalars."""
+    return _layout(n, T, k)[1]
+
+
 def encoded_size(s: Sequences) -> int:
-    return _layout(len(s.offsets) - 1, len(s.tokens), len(s.scalars))[1]
+    return record_size(len(s.offsets) - 1, len(s.tokens), len(s.scalars))
 
 
 def encode_into(s: Sequences, buf) -> int:

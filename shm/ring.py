@@ -5,7 +5,9 @@ Contract (shared/ARCHITECTURE.md): `Ring.create(name, capacity_bytes)` in the ow
 side may be the writer. `put(data, timeout=None)` takes a bytes-like record (raises ValueError if it can never
 fit, TimeoutError if no space in time); `get(timeout=None)` returns the next record as `bytes` or
 raises TimeoutError; `close()`; `unlink()` (owner only). A torn or inconsistent record raises
-`CorruptRecord`; wrong bytes are never returned.
+`CorruptRecord`; wrong bytes are never returned. Sizing: `Ring.record_space(nbytes)` is the ring
+space one record takes (a ring holds it iff its capacity is at least that); `Ring.shm_bytes(capacity)`
+the /dev/shm bytes a ring takes (page-rounded segment plus its two semaphores).
 
 Layout (after the 64-byte common header of shm.segments): a writer cache line (head, writer-sleeping
 ticket, writer pid), a reader cache line (tail, reader-sleeping ticket, reader pid), a
@@ -40,7 +42,7 @@ import time
 import posix_ipc
 
 from shm import segments
-from shm.segments import HEADER_SIZE, KIND_RING, Mapped, Segment, pid_alive
+from shm.segments import HEADER_SIZE, KIND_RING, PAGE, Mapped, Segment, pid_alive
 
 try:        # the C fast path (shm/_ringfast.c); ARL_RING_PURE_PYTHON=1 or no compiler: pure Python
     from shm._ringfast import Core as _Core
@@ -90,6 +92,18 @@ class Ring(Mapped):
         self._core = None if _Core is None else _Core(
             seg.mm, self.capacity, segments.sem_name(seg.name, "data"),
             segments.sem_name(seg.name, "space"))
+
+    # ---- sizing ----------------------------------------------------------------------------
+    @staticmethod
+    def record_space(nbytes: int) -> int:
+        """Ring bytes one record of `nbytes` takes (header + 16-byte alignment, as put computes)."""
+        return (nbytes + 31) & ~15
+
+    @staticmethod
+    def shm_bytes(capacity_bytes: int) -> int:
+        """/dev/shm bytes of a ring created with `capacity_bytes`: segment pages + two semaphores."""
+        size = _DATA + ((capacity_bytes + 63) & ~63)
+        return (size + PAGE - 1) // PAGE * PAGE + 2 * PAGE
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod

@@ -14,6 +14,7 @@ Streaming: when `read_into` asks for a version newer than the latest and `publis
 right now, the reader copies behind the writer chunk by chunk (publish reports progress every 4 MB)
 and re-checks that slot's sequence after every chunk, so a hand-off costs about one copy, not two.
 `close()`, `unlink()` (owner only). No GPU path here (CUDA IPC handles live elsewhere).
+`WeightBuffer.shm_bytes(nbytes)`: the /dev/shm bytes a buffer created with `nbytes` takes.
 """
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ class WeightBuffer(Mapped):
         self._q = self._mv.cast("q")
         self.nbytes = self._q[_NBYTES]
         self._stride = (self.nbytes + PAGE - 1) // PAGE * PAGE
+
+    @staticmethod
+    def shm_bytes(nbytes: int) -> int:
+        """/dev/shm bytes of a buffer created with `nbytes`: header page + two page-aligned slots."""
+        return _DATA + 2 * ((nbytes + PAGE - 1) // PAGE * PAGE)
 
     @classmethod
     def create(cls, name: str, nbytes: int) -> "WeightBuffer":

@@ -1,0 +1,214 @@
+"""Preflight: the checks of a validated config that need this machine, before anything starts.
+
+Contract: `check_machine(cfg)` returns None or raises `ConfigError` (one line naming the fields; the
+launcher exits 2). It creates nothing, starts nothing and only reads: /proc/driver/nvidia/gpus (or
+`torch.cuda.device_count()` where that is missing, and only when a device is configured), the CPUs
+this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
+- devices: every CUDA index in inference.devices and actor.device exists on this machine (indices
+  are physical: workers set CUDA_VISIBLE_DEVICES themselves);
+- CPUs: CPU threads of the run (inference.num_workers x inference.threads_per_worker when inference
+  runs on CPU, plus actor.threads when the trainer does) at most CPU_OVERSUBSCRIPTION per CPU;
+- task: task.name is a known task (its longest prompt sizes the rings);
+- context: the longest prompt leaves room for a generated token in the model's context
+  (model.max_seq_len, the model directory's max_position_embeddings, or vllm.max_model_len);
+- records: the largest rollout-group, training-batch and Generate records (channels.ring_sizes)
+  are at most channels.MAX_RECORD_BYTES each;
+- shared memory: the weight buffer plus every ring (channels.shm_need) fits the free space of
+  /dev/shm (counting segments of dead runs, which the supervisor sweeps first).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from orchestrator.channels import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
+                                   weight_nbytes)
+from orchestrator.config import Config, ConfigError
+
+CPU_OVERSUBSCRIPTION = 8        # CPU threads per CPU before a run is refused: generous on purpose
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def check_machine(cfg: Config) -> None:
+    _check_devices(cfg)
+    _check_cpus(cfg)
+    try:
+        sizes = ring_sizes(cfg)
+    except ValueError as exc:                         # unknown task.name
+        raise ConfigError(str(exc)) from None
+    _check_context(cfg, sizes)
+    _check_records(cfg, sizes)
+    _check_shm(cfg, sizes)
+
+
+# ------------------------------------------------------------------------------------ context
+
+def model_context(cfg: Config) -> tuple[int, str]:
+    """(context length in tokens, the field it comes from) of the inference engine's model."""
+    if cfg.inference.backend == "vllm" and cfg.inference.vllm.max_model_len:
+        return cfg.inference.vllm.max_model_len, "inference.vllm.max_model_len"
+    if cfg.model.path is None:
+        return cfg.model.max_seq_len, "model.max_seq_len"
+    path = os.path.join(cfg.model.path, "config.json")
+    try:
+        with open(path, "rb") as f:
+            n = json.loads(f.read().decode("utf-8")).get("max_position_embeddings")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"invalid config field 'model.path': cannot read {path} "
+                          f"({type(exc).__name__})") from None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return cfg.model.max_seq_len, "model.max_seq_len"       # the backend falls back to it too
+    return n, f"max_position_embeddings of model.path={cfg.model.path}"
+
+
+def _check_context(cfg: Config, sizes: RingSizes) -> None:
+    """A prompt must leave room for at least one generated token in the model's context."""
+    if cfg.inference.backend == "sim":
+        return
+    context, source = model_context(cfg)
+    if sizes.prompt_tokens >= context:
+        raise ConfigError(f"task.name={cfg.task.name} has prompts of {sizes.prompt_tokens} tokens, "
+                          f"which do not fit the model's context of {context} tokens ({source})")
+
+
+# ------------------------------------------------------------------------------------- devices
+
+def gpu_count() -> int:
+    """CUDA devices on this machine; torch is imported only when the NVIDIA proc entry is missing."""
+    try:
+        return len(os.listdir(NVIDIA_GPUS))
+    except OSError:
+        pass
+    import torch
+    return torch.cuda.device_count()
+
+
+def _check_devices(cfg: Config) -> None:
+    wanted = [("inference.devices", d) for d in cfg.inference.devices]
+    if cfg.actor.device != "cpu":
+        wanted.append(("actor.device", cfg.actor.device))
+    if not wanted:
+        return
+    n = gpu_count()
+    for field, device in wanted:
+        if int(device) >= n:
+            have = "no CUDA device" if n == 0 else f"{n} CUDA device{'s' if n > 1 else ''} " \
+                                                   f"(indices 0..{n - 1})"
+            raise ConfigError(f"invalid config field '{field}': CUDA device {device} does not exist "
+                              f"(this machine has {have})")
+
+
+# ---------------------------------------------------------------------------------------- CPUs
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _check_cpus(cfg: Config) -> None:
+    inf, parts, threads = cfg.inference, [], 0
+    if not inf.devices:
+        threads += inf.num_workers * inf.threads_per_worker
+        parts.append(f"inference.num_workers={inf.num_workers} x "
+                     f"inference.threads_per_worker={inf.threads_per_worker}")
+    if cfg.actor.device == "cpu":
+        threads += cfg.actor.threads
+        parts.append(f"actor.threads={cfg.actor.threads}")
+    cpus = cpu_count()
+    if threads > CPU_OVERSUBSCRIPTION * cpus:
+        raise ConfigError(f"{' + '.join(parts)} = {threads} CPU threads on {cpus} CPUs (at most "
+                          f"{CPU_OVERSUBSCRIPTION} per CPU): lower them")
+
+
+# ------------------------------------------------------------------------------- shared memory
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _tokens(cfg: Config, sizes: RingSizes) -> str:
+    """The fields behind one sequence's length, e.g. 'inference.sim.prompt_tokens=8 +
+    rollout.max_new_tokens=8192'."""
+    if cfg.task.name == "sim":
+        prompt = f"inference.sim.prompt_tokens={sizes.prompt_tokens}"
+    else:
+        prompt = f"{sizes.prompt_tokens} prompt tokens of task.name={cfg.task.name}"
+    completion = f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+    if cfg.inference.backend == "sim":
+        completion = f"min({completion}, " \
+                     f"inference.sim.completion_tokens={cfg.inference.sim.completion_tokens})"
+    return f"({prompt} + {completion}) tokens"
+
+
+def _group(cfg: Config, sizes: RingSizes) -> str:
+    return f"rollout.group_size={cfg.rollout.group_size} x {_tokens(cfg, sizes)}"
+
+
+def _batch(cfg: Config, sizes: RingSizes) -> str:
+    return f"rollout.consumer_batch_size={cfg.rollout.consumer_batch_size} x {_group(cfg, sizes)}"
+
+
+def _check_records(cfg: Config, sizes: RingSizes) -> None:
+    for what, nbytes, fields in (
+            ("a rollout-group record", sizes.group_bytes, _group(cfg, sizes)),
+            ("a training-batch record", sizes.batch_bytes, _batch(cfg, sizes)),
+            ("a Generate message", sizes.generate_bytes, _tokens(cfg, sizes))):
+        if nbytes > MAX_RECORD_BYTES:
+            raise ConfigError(f"{what} of {_gib(nbytes)} exceeds the {_gib(MAX_RECORD_BYTES)} cap "
+                              f"on one shared-memory record: lower {fields}")
+
+
+def shm_free(path: str = "/dev/shm") -> int:
+    """Free bytes of the shm file system plus what segments of dead runs hold (swept at startup)."""
+    from shm import segments
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    for fname in segments.list_entries():
+        if segments.entry_owner_alive(fname) is False:
+            try:
+                free += os.stat(os.path.join(path, fname)).st_blocks * 512
+            except OSError:
+                pass
+    return free
+
+
+def _weight_bytes(cfg: Config) -> int:
+    try:
+        return weight_nbytes(cfg)
+    except Exception as exc:      # a model directory that cannot be read is bad input
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise ConfigError(f"invalid config field 'model.path': cannot size the model's weights "
+                          f"({why})") from None
+
+
+def _weight_fields(cfg: Config) -> str:
+    if cfg.gpu_weights:
+        return "CUDA IPC handles"
+    if cfg.actor.backend == "sim":
+        return f"2 x actor.sim.weight_bytes={cfg.actor.sim.weight_bytes}"
+    if cfg.model.path is not None:
+        return f"2 x the weights of model.path={cfg.model.path}"
+    return (f"2 x the weights of model.hidden_size={cfg.model.hidden_size}, "
+            f"model.num_layers={cfg.model.num_layers}")
+
+
+def _check_shm(cfg: Config, sizes: RingSizes) -> None:
+    from shm.segments import SHM_DIR
+    parts = shm_need(cfg, sizes, _weight_bytes(cfg))
+    need, free = sum(parts.values()), shm_free(SHM_DIR)
+    if need <= free:
+        return
+    workers = f"inference.num_workers={cfg.inference.num_workers} (+1 spare for restarts)" \
+        if cfg.inference.on_worker_death == "restart" and cfg.inference.max_restarts else \
+        f"inference.num_workers={cfg.inference.num_workers}"
+    why = {"weights": _weight_fields(cfg),
+           "batch ring": _batch(cfg, sizes),
+           "rollout rings": f"{workers} x {OUT_RING_GROUPS} x {_group(cfg, sizes)}",
+           "request rings": workers, "control rings": workers, "counters": ""}
+    top = [name for name in sorted(parts, key=parts.get, reverse=True)[:2]
+           if why[name] and parts[name] * 10 >= need]            # what drives it, not the rest
+    detail = "; ".join(f"{name} {_gib(parts[name])}: {why[name]}" for name in top)
+    raise ConfigError(f"the run needs {_gib(need)} of shared memory but {SHM_DIR} has {_gib(free)} "
+                      f"free ({detail})")
