@@ -1,9 +1,16 @@
-"""Supervisor-side checkpoint files: atomic writes, the checkpoint directory protocol, reuse.
+"""Supervisor-side checkpoint files: the checkpoint directory protocol, validation, reuse.
 
 A checkpoint at step k is written to `checkpoints/step_k.partial/` (supervisor.json: step, gate
-counters, prompt cursor, prompts to redo; rollouts.rec: finished-but-untrained rollout groups; the
-trainer writes trainer/ into it), then renamed to `step_k/` and named in `checkpoints/latest`, each
-by an atomic rename. A kill at any moment leaves the previous complete checkpoint in force.
+counters, prompt cursor, prompts to redo, the resolved config; rollouts.rec: finished-but-untrained
+rollout groups as a checksummed record file; the trainer writes trainer/ into it). `commit` then
+fsyncs every file the trainer wrote, writes MANIFEST.json (size and CRC32 of every file) last,
+renames the directory to `step_k/` (replacing whatever a killed commit or a rolled-back run left
+under that name) and names it in `checkpoints/latest`; every rename is followed by an fsync of
+its directory, so a host crash leaves either the old or the new checkpoint.
+
+Resume never trusts `latest` alone: `find_resumable` validates checkpoints newest first (manifest,
+sizes, checksums, supervisor.json) and returns the newest complete one, with a warning for every
+damaged one it skipped. A kill at any instant of a commit therefore leaves a resumable run.
 RNG: the trainer saves its torch RNG states with its weights and optimizer; inference sampling
 streams derive from (run.seed, worker, restart, start step) (`backends.factory.sampling_seed`), so a
 resumed run draws fresh, reproducible streams; prompts are a pure function of their stream index.
@@ -12,15 +19,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import zlib
+from dataclasses import dataclass, field
+from typing import Optional
 
-from shm.codec import Sequences, concat, decode, encode
+from orchestrator.durable import RecordError, atomic_write, fsync_dir, read_record, write_record
+from shm.codec import CodecError, Sequences, concat, decode, encode
+
+MANIFEST = "MANIFEST.json"
+STATE = "supervisor.json"
+ROLLOUTS = "rollouts.rec"
+_NAME = re.compile(r"step_(\d{8})\Z")
+_CRC_CHUNK = 8 << 20
+_STATE_KEYS = {"step": int, "cursor": int, "redo": list, "gate": dict}
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+class CheckpointError(ValueError):
+    """A checkpoint directory is incomplete or damaged (the message names the file)."""
 
 
 def slice_group(s: Sequences, start: int, n: int) -> Sequences:
@@ -36,9 +53,15 @@ def slice_group(s: Sequences, start: int, n: int) -> Sequences:
                      advantages=s.advantages[start:start + n].copy(), scalars=s.scalars.copy())
 
 
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
 def begin(run_dir: str, step: int) -> str:
-    tmp = os.path.join(run_dir, "checkpoints", f"step_{step:08d}.partial")
-    os.makedirs(tmp, exist_ok=True)
+    tmp = os.path.join(run_dir, "checkpoints", step_name(step) + ".partial")
+    if os.path.lexists(tmp):               # a killed earlier attempt at the same step
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
     return tmp
 
 
@@ -46,28 +69,140 @@ def write_state(tmp: str, state: dict, finished: list[tuple[int, Sequences]]) ->
     """`finished`: (prompt stream index, group) of every finished-but-untrained rollout."""
     if finished:
         groups = [g for _, g in finished]
-        atomic_write(os.path.join(tmp, "rollouts.rec"),
-                     bytes(encode(concat(groups, kind=0, ident=state["step"], version=-1))))
+        write_record(os.path.join(tmp, ROLLOUTS),
+                     encode(concat(groups, kind=0, ident=state["step"], version=-1)))
     state = dict(state, reuse=[[index, g.n] for index, g in finished])
-    atomic_write(os.path.join(tmp, "supervisor.json"), json.dumps(state).encode())
+    atomic_write(os.path.join(tmp, STATE), json.dumps(state).encode())
+
+
+def _crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CRC_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(root: str) -> list[str]:
+    out = []
+    for d, _, names in os.walk(root):
+        out += [os.path.relpath(os.path.join(d, n), root) for n in names]
+    return sorted(p for p in out if p != MANIFEST)
 
 
 def commit(tmp: str) -> str:
+    """Seal `step_k.partial` (fsync, manifest) and make it `step_k`, named by `latest`."""
+    entries = {}
+    for rel in _files(tmp):
+        path = os.path.join(tmp, rel)
+        with open(path, "rb") as f:          # the trainer's writers need not fsync: we do
+            os.fsync(f.fileno())
+        entries[rel] = [os.path.getsize(path), _crc(path)]
+    for d, _, _ in os.walk(tmp):
+        fsync_dir(d)
+    atomic_write(os.path.join(tmp, MANIFEST), json.dumps({"files": entries}).encode())
     final = tmp[: -len(".partial")]
+    parent = os.path.dirname(final)
+    if os.path.lexists(final):               # left by a killed commit or a rolled-back run
+        stale = final + ".stale"
+        if os.path.lexists(stale):
+            shutil.rmtree(stale)
+        os.replace(final, stale)
+        fsync_dir(parent)
+        shutil.rmtree(stale)
     os.replace(tmp, final)
-    atomic_write(os.path.join(os.path.dirname(final), "latest"), os.path.basename(final).encode())
+    fsync_dir(parent)
+    atomic_write(os.path.join(parent, "latest"), os.path.basename(final).encode())
     return final
 
 
-def load_finished(checkpoint: str) -> list[tuple[int, Sequences]]:
-    state = json.load(open(os.path.join(checkpoint, "supervisor.json")))
+def read_state(checkpoint: str) -> dict:
+    path = os.path.join(checkpoint, STATE)
+    try:
+        with open(path, "rb") as f:
+            state = json.loads(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is unreadable ({type(exc).__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} does not hold an object")
+    for key, typ in _STATE_KEYS.items():
+        if not isinstance(state.get(key), typ) or isinstance(state.get(key), bool):
+            raise CheckpointError(f"{path}: field '{key}' is missing or not {typ.__name__}")
+    return state
+
+
+def validate(checkpoint: str) -> dict:
+    """Check a committed checkpoint against its manifest; return its supervisor state."""
+    mpath = os.path.join(checkpoint, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            files = json.loads(f.read().decode("utf-8"))["files"]
+        files = {str(k): (int(v[0]), int(v[1])) for k, v in files.items()}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CheckpointError(f"{mpath} is missing or unreadable ({type(exc).__name__})") from None
+    for rel, (size, crc) in files.items():
+        path = os.path.join(checkpoint, rel)
+        try:
+            ok_size = os.path.getsize(path) == size
+        except OSError:
+            raise CheckpointError(f"{path} is missing") from None
+        if not ok_size or _crc(path) != crc:
+            raise CheckpointError(f"{path} is damaged (size or checksum differs from {MANIFEST})")
+    state = read_state(checkpoint)
+    if state.get("reuse") and ROLLOUTS not in files:
+        raise CheckpointError(f"{os.path.join(checkpoint, ROLLOUTS)} is missing")
+    return state
+
+
+@dataclass
+class Found:
+    path: Optional[str]                 # newest complete checkpoint, or None
+    state: Optional[dict]
+    skipped: list[str] = field(default_factory=list)   # one line per damaged checkpoint passed over
+
+
+def committed(run_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every committed checkpoint directory, newest first."""
+    ckdir = os.path.join(run_dir, "checkpoints")
+    try:
+        names = os.listdir(ckdir)
+    except FileNotFoundError:
+        return []
+    out = [(int(m.group(1)), os.path.join(ckdir, n)) for n in names if (m := _NAME.match(n))]
+    return sorted(out, reverse=True)
+
+
+def find_resumable(run_dir: str, at_most: Optional[int] = None) -> Found:
+    """Newest valid checkpoint (at step <= at_most when given); damaged ones are skipped."""
+    skipped = []
+    for step, path in committed(run_dir):
+        if at_most is not None and step > at_most:
+            continue
+        try:
+            state = validate(path)
+        except CheckpointError as exc:
+            skipped.append(str(exc))
+            continue
+        if state["step"] != step:
+            skipped.append(f"{os.path.join(path, STATE)} says step {state['step']}")
+            continue
+        return Found(path, state, skipped)
+    return Found(None, None, skipped)
+
+
+def load_finished(checkpoint: str, state: dict) -> list[tuple[int, Sequences]]:
     reuse = state.get("reuse", [])
     if not reuse:
         return []
-    with open(os.path.join(checkpoint, "rollouts.rec"), "rb") as f:
-        saved = decode(f.read())
+    path = os.path.join(checkpoint, ROLLOUTS)
+    try:
+        saved = decode(read_record(path))
+    except (OSError, RecordError, CodecError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     out, start = [], 0
     for index, n in reuse:
         out.append((int(index), slice_group(saved, start, n)))
         start += n
+    if start != saved.n:
+        raise CheckpointError(f"{path} holds {saved.n} rollouts, supervisor.json lists {start}")
     return out

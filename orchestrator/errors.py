@@ -12,3 +12,11 @@ class RunFailed(RuntimeError):
 
 class EmptyBatches(RunFailed):
     pass
+
+
+class Interrupted(RunFailed):
+    """SIGINT/SIGTERM arrived before the run could drain (startup, resume recovery): exit 128+sig."""
+
+    def __init__(self, signum: int, where: str):
+        super().__init__(f"stopped by signal {signum} during {where}", 128 + signum)
+        self.signum = signum

@@ -23,14 +23,14 @@ import numpy as np
 from orchestrator import checkpoint, messages
 from orchestrator.channels import recv, send
 from orchestrator.config import Config
-from orchestrator.checkpoint import atomic_write
+from orchestrator.durable import write_record
 from orchestrator.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed
 from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
 from orchestrator.metrics import MetricsLog
 from orchestrator.prompts import PromptCursor
-from orchestrator.stamp import age_summary, stamp, token_ages
+from orchestrator.stamp import age_summary, head_ages, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink
 from orchestrator.validate import check_rollout
 from orchestrator.watcher import WeightWatcher
@@ -76,7 +76,10 @@ class EventLoop:
         self.admitted_since_step = 0
         self.admitted_total = 0
         self.empty_run = 0
-        self.pending_ckpt: dict[int, str] = {}
+        self.pending_ckpt: dict[int, str] = {}    # requested, the trainer has not saved yet
+        self.to_commit: dict[int, str] = {}       # saved, committed once its step lines are durable
+        self.lines_written = start_step           # last step whose step line is written
+        self.redispatched: set[int] = set()       # request ids put back after a worker died
         self.last_ckpt = start_step
         self.abort = False
         self.reused = 0
@@ -126,6 +129,7 @@ class EventLoop:
             if not m.eval:
                 self.gate.on_aborted()
                 self.gate.on_enqueued()
+                self.redispatched.add(m.request_id)
             self.dispatcher.enqueue(m, front=True)
         if self.watcher.forget_worker(i) is not None:
             self._on_synced()
@@ -171,12 +175,16 @@ class EventLoop:
 
     # ------------------------------------------------------------------ admission
     def _pump(self) -> int:
-        """Submit queued prompts to workers; the gate counts training ones as running."""
+        """Submit queued prompts to workers; the gate counts training ones as running. A prompt
+        re-dispatched after a worker died is not a new admission."""
         n = 0
         for m in self.dispatcher.pump():
             if not m.eval:
                 self.gate.on_submitted()
-                n += 1
+                if m.request_id in self.redispatched:
+                    self.redispatched.discard(m.request_id)
+                else:
+                    n += 1
         self.admitted_since_step += n
         self.admitted_total += n
         return n
@@ -231,7 +239,7 @@ class EventLoop:
             step = self.built + 1
             batch, info = self.sink.take_batch(step, version=step - 1)
             record = bytes(encode(batch))
-            atomic_write(os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec"), record)
+            write_record(os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec"), record)
             self.parked.append(Parked(step, record, info, time.monotonic()))
             self.built = step
             n += 1
@@ -268,7 +276,7 @@ class EventLoop:
             self.empty_run += 1
             if self.empty_run >= self.cfg.run.empty_batch_limit:
                 raise EmptyBatches(
-                    f"{self.empty_run} consecutive batches had nothing trainable after filtering "
+                    f"{self.empty_run} consecutive batches had no trainable token after filtering "
                     f"(run.empty_batch_limit={self.cfg.run.empty_batch_limit}): check the task's "
                     f"reward function / environment", 1)
         else:
@@ -300,11 +308,13 @@ class EventLoop:
                 return
             del self.step_info[step]
             self._write_step(info, done, parked)
+        self._try_commit()
 
     def _write_step(self, info: BatchInfo, done: messages.StepDone, parked: float) -> None:
         c = info.consumed
-        ages = token_ages(info.version, c.versions, c.loss_mask)
         stamps = [stamp(c.versions[c.seq(i)], c.loss_mask[c.seq(i)]) for i in range(c.n)]
+        ages = age_summary(head_ages(info.version, stamps))
+        tokens = age_summary(token_ages(info.version, c.versions, c.loss_mask))
         first_after_resume = self.resumed and done.step == self.start_step + 1
         bound = (self.cfg.rollout.max_head_offpolicyness + 1) * self.cfg.rollout.consumer_batch_size
         if first_after_resume and self.admitted_since_step > bound:
@@ -312,7 +322,8 @@ class EventLoop:
                             f"before the first step, more than (S+1)*B={bound}")
         self.metrics.write(
             "step", step=done.step, version=info.version, admitted=self.admitted_since_step,
-            **age_summary(ages), trainable=info.trainable,
+            **ages, token_age_p99=tokens["age_p99"], token_age_mean=tokens["age_mean"],
+            trainable=info.trainable, trainable_tokens=info.trainable_tokens,
             out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
             parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
             reward_mean=info.reward_mean, loss=done.stats.get("loss"),
@@ -322,7 +333,8 @@ class EventLoop:
             not_live=sum(1 for st in stamps if st is None),
             **{f"train_{k}": v for k, v in done.stats.items() if k != "loss"})
         self.admitted_since_step = 0
-        self.last_ages = {k: v for k, v in age_summary(ages).items() if k != "age_mean"}
+        self.lines_written = done.step
+        self.last_ages = {k: v for k, v in ages.items() if k != "age_mean"}
         self.last_parked_s = parked
 
     def watch(self) -> None:
@@ -342,7 +354,8 @@ class EventLoop:
         checkpoint.write_state(tmp, {
             "step": step, "version": step, "gate": self.gate.state_dict(),
             "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
-            "seed": self.cfg.run.seed, "time": time.time()},
+            "seed": self.cfg.run.seed, "time": time.time(),
+            "config": self.cfg.model_dump(mode="json")},
             [(self.request_index[g.ident], g) for g in finished])
         send(self.res.trainer_req, messages.SaveCheckpoint(step=step, directory=os.path.join(tmp, "trainer")))
         self.pending_ckpt[step] = tmp
@@ -350,19 +363,33 @@ class EventLoop:
     def _on_checkpoint_saved(self, msg: messages.CheckpointSaved) -> None:
         tmp = self.pending_ckpt.pop(msg.step, None)
         if tmp is not None:
-            checkpoint.commit(tmp)
-            self.last_ckpt = max(self.last_ckpt, msg.step)
+            self.to_commit[msg.step] = tmp
+            self._try_commit()
 
-    def reuse_rollouts(self, ckpt_dir: str) -> None:
+    def _try_commit(self) -> None:
+        """Commit saved checkpoints whose step lines are written, after making those lines durable:
+        a checkpoint never covers a step whose line a kill could still lose."""
+        ready = [s for s in sorted(self.to_commit) if s <= self.lines_written]
+        if not ready:
+            return
+        self.metrics.sync()
+        for step in ready:
+            checkpoint.commit(self.to_commit.pop(step))
+            self.last_ckpt = max(self.last_ckpt, step)
+
+    def reuse_rollouts(self, ckpt_dir: str, state: dict) -> None:
         """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint
         go straight to the sink when their head is within the bound; the rest are regenerated."""
-        finished = checkpoint.load_finished(ckpt_dir)
+        finished = checkpoint.load_finished(ckpt_dir, state)
         version, S = self.counter.get(), self.cfg.rollout.max_head_offpolicyness
         redo = []
+        longest = self.cfg.rollout.max_new_tokens     # a resume may have lowered it
         for index, part in finished:
             heads = [st.head for i in range(part.n)
                      if (st := stamp(part.versions[part.seq(i)], part.loss_mask[part.seq(i)]))]
-            if heads and version - min(heads) <= S and self.gate.capacity() > 0:
+            fits = all(part.seq(i).stop - part.seq(i).start - int(part.prompt_lens[i]) <= longest
+                       for i in range(part.n))
+            if heads and fits and version - min(heads) <= S and self.gate.capacity() > 0:
                 part.ident = rid = self.next_request
                 self.next_request += 1
                 self.request_index[rid] = index
@@ -379,14 +406,14 @@ class EventLoop:
     # ------------------------------------------------------------------ main
     def finished(self) -> bool:
         return (self.trained >= self.cfg.run.total_steps and self.outstanding is None
-                and not self.pending_ckpt and self.watcher.target is None
+                and not self.pending_ckpt and not self.to_commit and self.watcher.target is None
                 and self.counter.get() >= self.cfg.run.total_steps
                 and not self.eval_sink.active)
 
     def drained(self) -> bool:
         """After a stop request: nothing in flight, nothing shippable, trainer idle, checkpointed."""
         idle = (not self.dispatcher.inflight and self.outstanding is None and not self.parked
-                and self.watcher.target is None and not self.pending_ckpt)
+                and self.watcher.target is None and not self.pending_ckpt and not self.to_commit)
         if idle and self.last_ckpt < self.trained:
             self.request_checkpoint(self.trained)
             return False

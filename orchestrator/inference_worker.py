@@ -8,6 +8,7 @@ supervisor's weight watcher can bump the shared policy version.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import numpy as np
@@ -27,14 +28,23 @@ class BadEnvOutput(ValueError):
 
 
 def _fill_rewards(seqs, task, is_eval: bool) -> None:
+    """Rewards from the task. A reward function that raises, or returns anything but a finite real
+    number (Python or numpy scalar; not a bool), is bad environment output (exit 2)."""
+    name = getattr(task, "name", type(task).__name__)
     for i in range(seqs.n):
         sl = seqs.seq(i)
         completion = seqs.tokens[sl][seqs.prompt_lens[i]:]
-        r = task.reward(int(seqs.prompt_ids[i]), completion, is_eval)
-        if not isinstance(r, (int, float)) or not math.isfinite(r):
-            raise BadEnvOutput(f"task reward for prompt {int(seqs.prompt_ids[i])} is {r!r}, "
+        pid = int(seqs.prompt_ids[i])
+        try:
+            r = task.reward(pid, completion, is_eval)
+        except Exception as exc:
+            raise BadEnvOutput(f"reward function of task {name!r} raised for prompt {pid}: "
+                               f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (numbers.Real, np.number)) \
+                or not math.isfinite(float(r)):
+            raise BadEnvOutput(f"reward function of task {name!r} returned {r!r} for prompt {pid}, "
                                f"not a finite number")
-        seqs.rewards[i] = r
+        seqs.rewards[i] = float(r)
 
 
 def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
@@ -79,7 +89,9 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                                            np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
                                            msg.max_new_tokens, msg.temperature, msg.eval))
                 elif isinstance(msg, messages.LoadWeights):
+                    ctx.beat()
                     got = load(msg.version)
+                    ctx.beat()
                     ctx.send(messages.WeightsLoaded(index=spec.index, version=got))
                 elif isinstance(msg, messages.Abort):
                     backend.abort(msg.request_id)

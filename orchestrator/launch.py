@@ -3,13 +3,19 @@
 With no arguments it runs the embedded default job (`configs/default.yaml`). Exit codes: 0 success;
 2 bad configuration or input (one line naming the field, no traceback, nothing started, nothing in
 /dev/shm); 1 any other failure (message + log path); 128+signal when stopped by SIGINT/SIGTERM
-before the target. This module stays light: workers re-import it under the spawn start method.
+before the target, at any moment from the first instant (startup and resume recovery included).
+One launch holds run.dir at a time (run.lock). This module stays light: workers re-import it under
+the spawn start method.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+
+if __name__ == "__main__":         # catch SIGINT/SIGTERM before anything else is imported
+    from orchestrator.signals import StopSignals
+    _EARLY = StopSignals().install()
 
 
 def _parse(argv):
@@ -20,18 +26,41 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv=None, stop=None) -> int:
+    from orchestrator.signals import StopSignals
+    stop = stop or StopSignals().install()
+    try:
+        return _main(argv, stop)
+    finally:
+        stop.restore()
+
+
+def _main(argv, stop) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     from orchestrator.config import ConfigError, load_config
+    from orchestrator.preflight import check_machine
+    from orchestrator.durable import disk_full, is_disk_full
     from orchestrator.run_dir import RunDirError, prepare_run_dir
 
     try:
         cfg = load_config(args.config, args.overrides)
+        check_machine(cfg)
         plan = prepare_run_dir(cfg)
     except (ConfigError, RunDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        print(f"error: {disk_full(exc, cfg.run.dir)}", file=sys.stderr)
+        return 1
+    try:
+        return _run(cfg, plan, stop)
+    finally:
+        plan.lock.release()
 
+
+def _run(cfg, plan, stop) -> int:
     if plan.complete:
         from shm.segments import sweep_dead
         sweep_dead()            # a run killed after its last checkpoint still leaves segments
@@ -39,24 +68,45 @@ def main(argv=None) -> int:
               f"{cfg.run.total_steps}; nothing to run (run dir {plan.run_dir})", file=sys.stderr)
         return 0
 
-    from orchestrator.errors import RunFailed
+    from orchestrator.durable import disk_full, is_disk_full
+    from orchestrator.errors import Interrupted, RunFailed
     from orchestrator.progress import Progress
     from orchestrator.supervisor import Supervisor
 
     log_hint = f"{plan.run_dir}/logs"
+    logging.raiseExceptions = False      # a full disk must not dump logging tracebacks on stderr
     logging.basicConfig(filename=f"{log_hint}/supervisor.log", level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("orchestrator.launch")
+    for w in plan.warnings:
+        log.warning("%s", w)
+        print(f"warning: {w}", file=sys.stderr)
     progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress)
     sup = Supervisor(cfg, plan.run_dir, start_step=plan.start_step, cursor_state=plan.cursor_state,
-                     checkpoint=plan.checkpoint, on_metrics=progress.update)
+                     checkpoint=plan.checkpoint, checkpoint_state=plan.state, stop=stop,
+                     on_metrics=progress.update)
     try:
         code = sup.run()
+    except Interrupted as exc:
+        progress.close()
+        log.warning("%s", exc)
+        print(f"{exc} (run dir {plan.run_dir})", file=sys.stderr)
+        return exc.exit_code
     except RunFailed as exc:
         progress.close()
         log.error("run failed: %s", exc)
         print(f"error: {exc} (logs: {log_hint})", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        progress.close()
+        if is_disk_full(exc):
+            line = str(disk_full(exc, plan.run_dir))
+            log.error("run failed: %s", line)
+            print(f"error: {line}", file=sys.stderr)
+            return 1
+        log.exception("run failed")
+        print(f"error: {type(exc).__name__}: {exc} (logs: {log_hint})", file=sys.stderr)
+        return 1
     except Exception as exc:
         progress.close()
         log.exception("run failed")
@@ -71,4 +121,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(stop=_EARLY))

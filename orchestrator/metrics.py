@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from typing import Callable, Optional
+
+from orchestrator.durable import disk_full
 
 
 def _clean(v):
@@ -32,14 +35,29 @@ class MetricsLog:
         rec.setdefault("time", time.time())
         line = json.dumps(rec)
         with self._lock:
-            self._f.write(line + "\n")
+            try:
+                self._f.write(line + "\n")
+            except OSError as exc:
+                raise disk_full(exc, self.path) from None
         if self.on_write is not None:
             self.on_write(rec)
         return rec
 
+    def sync(self) -> None:
+        """Make every line written so far durable (before a checkpoint that covers them commits)."""
+        with self._lock:
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            except OSError as exc:
+                raise disk_full(exc, self.path) from None
+
     def close(self) -> None:
         with self._lock:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:          # a full disk: the write that failed was already reported
+                pass
 
 
 class MetricsThread(threading.Thread):

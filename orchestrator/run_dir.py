@@ -1,20 +1,49 @@
-"""Run directory lifecycle: fresh start or resume (`run.resume=auto|never|must`).
+"""Run directory lifecycle: one writer, fresh start or resume (`run.resume=auto|never|must`).
 
-Layout: config.yaml (resolved), metrics.jsonl, checkpoints/step_NNNNNNNN/{supervisor.json,trainer/},
-checkpoints/latest (name of the newest complete checkpoint), batches/step_NNNNNNNN.rec, logs/.
-On resume from step k, metrics lines of steps after k are dropped (the resumed run logs them again,
-so steps stay contiguous with no duplicate) and half-written checkpoints are discarded.
+Layout: config.yaml (resolved), metrics.jsonl, run.lock, checkpoints/step_NNNNNNNN/{supervisor.json,
+rollouts.rec,trainer/,MANIFEST.json}, checkpoints/latest, batches/step_NNNNNNNN.rec, logs/.
+
+`prepare_run_dir(cfg)` checks the directory before anything starts and raises `RunDirError` (exit 2,
+one line naming the path or field) when:
+- it is not usable: `run.dir` empty, a file where a directory belongs or the reverse, not writable;
+- another live process holds it (an exclusive `flock` on run.lock, kept by the returned plan's
+  `lock` for the life of the launch process; the holder's pid is named);
+- no checkpoint is valid but some exist (damaged: they are never deleted silently), or
+  `run.resume=must` finds none;
+- the checkpoint cannot serve this config (`RESUME_FIXED` fields differ: both values named);
+- metrics.jsonl lacks step lines that the checkpoint covers.
+On resume from step k it picks the newest valid checkpoint (`checkpoint.find_resumable`; damaged
+ones are skipped with a warning in `plan.warnings`), drops a line cut by a kill and metrics lines
+of steps after k (the resumed run writes them again: steps stay contiguous, none duplicated),
+batches of steps after k, and half-written checkpoints.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.checkpoint import atomic_write
+import yaml
+
+from orchestrator import checkpoint
 from orchestrator.config import Config
+from orchestrator.durable import atomic_write
+
+DIRS = ("checkpoints", "batches", "logs")
+FILES = ("config.yaml", "metrics.jsonl", "run.lock")
+LOCK = "run.lock"
+# config fields a checkpoint fixes: changing them on resume breaks the trainer state, the prompt
+# stream (exactly-once) or the meaning of the saved rollouts
+RESUME_FIXED = (
+    "model.path", "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_seq_len",
+    "model.dtype", "rollout.consumer_batch_size", "rollout.group_size", "inference.backend",
+    "actor.backend", "task.name", "task.num_train_prompts", "run.seed",
+    "inference.sim.prompt_tokens", "actor.sim.weight_bytes",
+)
 
 
 class RunDirError(ValueError):
@@ -28,64 +57,214 @@ class RunPlan:
     checkpoint: Optional[str]
     cursor_state: Optional[dict]
     complete: bool = False      # the checkpoint already reaches run.total_steps
+    lock: Optional["RunLock"] = None
+    warnings: list[str] = field(default_factory=list)
+    state: Optional[dict] = None
 
 
-def latest_checkpoint(run_dir: str) -> Optional[str]:
-    path = os.path.join(run_dir, "checkpoints", "latest")
-    try:
-        name = open(path).read().strip()
-    except FileNotFoundError:
-        return None
-    ckpt = os.path.join(run_dir, "checkpoints", name)
-    if not os.path.isfile(os.path.join(ckpt, "supervisor.json")):
-        raise RunDirError(f"checkpoint '{ckpt}' named by checkpoints/latest is incomplete")
-    return ckpt
+class RunLock:
+    """Exclusive flock on run.dir/run.lock; released by the kernel when this process dies."""
+
+    def __init__(self, run_dir: str):
+        path = os.path.join(run_dir, LOCK)
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(f"run.dir '{run_dir}': cannot open {LOCK}: {exc.strerror}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise RunDirError(f"run.dir '{run_dir}' is in use by a live run (pid {holder}); "
+                                  f"stop it or choose another run.dir") from None
+            raise RunDirError(f"run.dir '{run_dir}': cannot lock {LOCK}: {exc.strerror}") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
-def _truncate_metrics(path: str, step: int) -> None:
-    if not os.path.exists(path):
-        return
-    keep = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue          # a line cut by a kill
-            if rec.get("kind") in ("step", "eval") and rec.get("step", 0) > step:
-                continue
-            keep.append(json.dumps(rec) + "\n")
-    atomic_write(path, "".join(keep).encode())
-
-
-def prepare_run_dir(cfg: Config) -> RunPlan:
-    run_dir = os.path.abspath(cfg.run.dir)
+def _check_layout(run_dir: str) -> None:
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise RunDirError(f"run.dir '{run_dir}' exists and is not a directory")
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as exc:
         raise RunDirError(f"run.dir '{run_dir}' cannot be created: {exc.strerror}") from None
-    ckpt = latest_checkpoint(run_dir) if cfg.run.resume != "never" else None
-    if cfg.run.resume == "must" and ckpt is None:
-        raise RunDirError(f"run.resume=must but run.dir '{run_dir}' has no checkpoint")
+    for name in DIRS:
+        p = os.path.join(run_dir, name)
+        if os.path.lexists(p) and not os.path.isdir(p):
+            raise RunDirError(f"run.dir '{run_dir}': '{name}' must be a directory, found a file")
+    for name in FILES:
+        p = os.path.join(run_dir, name)
+        if os.path.lexists(p) and not os.path.isfile(p):
+            raise RunDirError(f"run.dir '{run_dir}': '{name}' must be a regular file")
+    for d in (run_dir, *(os.path.join(run_dir, n) for n in DIRS if os.path.isdir(os.path.join(run_dir, n)))):
+        probe = os.path.join(d, f".probe-{os.getpid()}")
+        try:
+            with open(probe, "wb"):
+                pass
+            os.remove(probe)
+        except OSError as exc:
+            raise RunDirError(f"run.dir '{d}' is not writable: {exc.strerror}") from None
+
+
+def _dotted(data: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def check_compatible(cfg: Config, saved: Optional[dict], where: str) -> None:
+    """Refuse a resume whose config differs from the checkpoint's in a `RESUME_FIXED` field."""
+    if not saved:
+        return
+    now = cfg.model_dump(mode="json")
+    for path in RESUME_FIXED:
+        old, new = _dotted(saved, path), _dotted(now, path)
+        if old is not None and old != new:
+            raise RunDirError(f"cannot resume {where}: it was trained with {path}={old!r}, the config "
+                              f"now says {path}={new!r} (restore it, or start a new run.dir / "
+                              f"run.resume=never)")
+
+
+def _saved_config(run_dir: str, state: dict) -> Optional[dict]:
+    if isinstance(state.get("config"), dict):
+        return state["config"]
+    try:          # checkpoints from before configs were saved in them
+        with open(os.path.join(run_dir, "config.yaml")) as f:
+            data = yaml.safe_load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+
+
+def repair_metrics(path: str, step: int) -> list[str]:
+    """Keep metrics lines up to `step`; drop a line cut by a kill. Returns warnings; raises
+    RunDirError if step lines 1..step are not all there exactly once."""
+    warnings = []
+    if not os.path.exists(path):
+        raw = b""
+    else:
+        with open(path, "rb") as f:
+            raw = f.read()
+    lines = raw.split(b"\n")
+    keep, seen, bad = [], [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line.decode("utf-8"))
+            if not isinstance(rec, dict):
+                raise ValueError
+        except (UnicodeDecodeError, ValueError):
+            if i == len(lines) - 1:          # the last line, cut by a kill: drop it
+                warnings.append(f"{path}: dropped a partial last line")
+            else:
+                bad += 1
+            continue
+        if rec.get("kind") in ("step", "eval") and isinstance(rec.get("step"), int) and rec["step"] > step:
+            continue
+        if rec.get("kind") == "step":
+            seen.append(rec.get("step"))
+        keep.append(json.dumps(rec) + "\n")
+    if seen != list(range(1, step + 1)):
+        missing = sorted(set(range(1, step + 1)) - set(seen))
+        dup = sorted({s for s in seen if seen.count(s) > 1})
+        what = f"missing step lines {_ranges(missing)}" if missing else f"duplicate step lines {dup}"
+        raise RunDirError(f"{path} is damaged: {what} of the {step} steps the checkpoint covers"
+                          + (f" ({bad} unreadable lines)" if bad else "")
+                          + "; restore it, or move it aside to resume without those lines")
+    if bad:
+        warnings.append(f"{path}: dropped {bad} unreadable non-step lines")
+    atomic_write(path, "".join(keep).encode())
+    return warnings
+
+
+def _ranges(nums: list[int]) -> str:
+    if not nums:
+        return ""
+    out, start, prev = [], nums[0], nums[0]
+    for n in nums[1:] + [None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(out[:5]) + (",..." if len(out) > 5 else "")
+
+
+def _remove_after(directory: str, step: int) -> None:
+    """Drop batches of steps after `step` (from the timeline the resume abandons)."""
+    if not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if name.startswith("step_") and name[5:13].isdigit() and int(name[5:13]) > step:
+            os.remove(os.path.join(directory, name))
+
+
+def prepare_run_dir(cfg: Config) -> RunPlan:
+    if not cfg.run.dir.strip():
+        raise RunDirError("invalid config field 'run.dir': must not be empty")
+    run_dir = os.path.abspath(cfg.run.dir)
+    _check_layout(run_dir)
+    lock = RunLock(run_dir)
+    try:
+        plan = _plan(cfg, run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    plan.lock = lock
+    return plan
+
+
+def _plan(cfg: Config, run_dir: str) -> RunPlan:
     ckdir = os.path.join(run_dir, "checkpoints")
-    if ckpt is None:
+    found = checkpoint.find_resumable(run_dir) if cfg.run.resume != "never" else checkpoint.Found(None, None)
+    warnings = [f"skipped damaged checkpoint: {s}" for s in found.skipped]
+    if found.path is None and found.skipped:
+        raise RunDirError(f"no valid checkpoint in run.dir '{run_dir}': {found.skipped[0]}"
+                          + (f" (and {len(found.skipped) - 1} more)" if len(found.skipped) > 1 else "")
+                          + "; fix it or use run.resume=never to start over")
+    if cfg.run.resume == "must" and found.path is None:
+        raise RunDirError(f"run.resume=must but run.dir '{run_dir}' has no checkpoint")
+    if found.path is None:
         for sub in ("checkpoints", "batches"):
             shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
         if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
             os.remove(os.path.join(run_dir, "metrics.jsonl"))
-        start, cursor = 0, None
+        plan = RunPlan(run_dir, 0, None, None, warnings=warnings)
     else:
-        state = json.load(open(os.path.join(ckpt, "supervisor.json")))
+        state = found.state
         start = int(state["step"])
+        check_compatible(cfg, _saved_config(run_dir, state), f"from {found.path}")
+        try:
+            latest = open(os.path.join(ckdir, "latest")).read().strip()
+        except (OSError, UnicodeDecodeError):
+            latest = None
+        if latest != os.path.basename(found.path):
+            warnings.append(f"checkpoints/latest names {latest!r}; resuming from the newest valid "
+                            f"checkpoint {os.path.basename(found.path)}")
         if start >= cfg.run.total_steps:     # nothing left to do: resuming a finished run is a no-op
-            return RunPlan(run_dir, start, ckpt, None, complete=True)
+            return RunPlan(run_dir, start, found.path, None, complete=True, warnings=warnings,
+                           state=state)
         cursor = {"cursor": int(state["cursor"]), "redo": [int(i) for i in state["redo"]]}
-        _truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
+        warnings += repair_metrics(os.path.join(run_dir, "metrics.jsonl"), start)
+        _remove_after(os.path.join(run_dir, "batches"), start)
         if os.path.isdir(ckdir):
             for name in os.listdir(ckdir):
-                if name.endswith(".partial"):
+                if name.endswith((".partial", ".stale")):
                     shutil.rmtree(os.path.join(ckdir, name), ignore_errors=True)
-    for sub in ("checkpoints", "batches", "logs"):
+        plan = RunPlan(run_dir, start, found.path, cursor, warnings=warnings, state=state)
+    for sub in DIRS:
         os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
     atomic_write(os.path.join(run_dir, "config.yaml"), cfg.to_yaml().encode())
-    return RunPlan(run_dir, start, ckpt, cursor)
+    return plan

@@ -37,9 +37,15 @@ def stamp(versions: np.ndarray, loss_mask: np.ndarray) -> Optional[Stamp]:
 
 
 def token_ages(train_version: int, versions: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
-    """Ages (train_version - token version) of the loss-masked live tokens of a batch."""
+    """Per-token ages (reported as token_age_*, never as the head age): ages (train_version - token version) of the loss-masked live tokens of a batch."""
     m = loss_mask.astype(bool) & (versions >= 0)
     return (train_version - versions[m]).astype(np.int64)
+
+
+def head_ages(train_version: int, stamps) -> np.ndarray:
+    """Age of each live sequence's head (train_version - oldest loss-masked version); sequences
+    without a stamp (not live) are left out. The reported age statistics are over these."""
+    return np.array([train_version - st.head for st in stamps if st is not None], np.int64)
 
 
 def age_summary(ages: np.ndarray) -> dict[str, Optional[float]]:

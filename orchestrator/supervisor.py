@@ -11,6 +11,14 @@ trainer fails the run. SIGINT/SIGTERM stop admission and open a drain window (ha
 then workers are terminated and killed, all within `run.shutdown_timeout_s` plus a small constant.
 Processes are only ever spawned from the main thread (PR_SET_PDEATHSIG is tied to the spawning
 thread). Every wait has a timeout.
+
+Liveness: every worker stamps its heartbeat word (monotonic ms) on each main-loop turn; a ready
+worker silent for longer than its role's `heartbeat_timeout_s` (SIGSTOP, a step that never ends) is
+killed: a hung inference worker is then handled like a dead one (prompts re-dispatched, restart),
+a hung trainer fails the run naming it (exit 1, last checkpoint valid). Signals come through
+`orchestrator.signals.StopSignals` (installed by launch before anything else): a signal during
+startup or resume recovery stops at the next check with exit 128+signal; workers ignore SIGINT and
+SIGTERM, so one sent to the whole process group drains like one sent to the supervisor.
 """
 from __future__ import annotations
 
@@ -27,14 +35,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator import messages
-from orchestrator.channels import (BATCH_RING_BYTES, CTL_RING_BYTES, OUT_RING_BYTES, REQ_RING_BYTES,
-                                   Bell, RunNames, recv, send)
+from orchestrator.channels import REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send
 from orchestrator.config import Config
 from orchestrator.checkpoint import atomic_write
-from orchestrator.errors import RunFailed
+from orchestrator.errors import Interrupted, RunFailed
 from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
+from orchestrator.signals import SIGNALS
 from orchestrator.worker_base import WorkerSpec
 
 log = logging.getLogger("orchestrator.supervisor")
@@ -52,7 +60,9 @@ class Resources:
     trainer_req: object = None
     trainer_ctl: object = None
     batches: object = None
+    heartbeats: dict = field(default_factory=dict)   # (role, index) -> SharedCounter
     owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
+    sizes: RingSizes = field(default_factory=RingSizes)   # ring capacities (channels.ring_sizes)
 
     def own(self, obj):
         self.owned.append(obj)
@@ -65,9 +75,9 @@ class Resources:
     def inference_rings(self, i: int, gen: int) -> tuple:
         from shm.ring import Ring
         n = self.names
-        return (self.own(Ring.create(n.req("inference", i, gen), REQ_RING_BYTES)),
-                self.own(Ring.create(n.out(i, gen), OUT_RING_BYTES)),
-                self.own(Ring.create(n.ctl("inference", i, gen), CTL_RING_BYTES)))
+        return (self.own(Ring.create(n.req("inference", i, gen), self.sizes.req)),
+                self.own(Ring.create(n.out(i, gen), self.sizes.out)),
+                self.own(Ring.create(n.ctl("inference", i, gen), self.sizes.ctl)))
 
 
 def _free(obj) -> None:
@@ -78,12 +88,12 @@ def _free(obj) -> None:
             log.warning("freeing %r: %s", obj, exc)
 
 
-def create_resources(names: RunNames, weight_nbytes: int) -> Resources:
+def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = RingSizes()) -> Resources:
     from shm.counter import SharedCounter
     from shm.ring import Ring
     from shm.weights import WeightBuffer
 
-    res = Resources(names)
+    res = Resources(names, sizes=sizes)
     try:
         res.counter = res.own(SharedCounter.create(names.version))
         res.bell = res.own(Bell.create(names.bell))
@@ -94,8 +104,8 @@ def create_resources(names: RunNames, weight_nbytes: int) -> Resources:
             res.inference_out.append(out)
             res.inference_ctl.append(ctl)
         res.trainer_req = res.own(Ring.create(names.req("trainer", 0), REQ_RING_BYTES))
-        res.trainer_ctl = res.own(Ring.create(names.ctl("trainer", 0), CTL_RING_BYTES))
-        res.batches = res.own(Ring.create(names.batches, BATCH_RING_BYTES))
+        res.trainer_ctl = res.own(Ring.create(names.ctl("trainer", 0), sizes.ctl))
+        res.batches = res.own(Ring.create(names.batches, sizes.batch))
     except BaseException:
         free_resources(res)
         raise
@@ -111,20 +121,22 @@ def free_resources(res: Resources) -> None:
 class Supervisor:
     def __init__(self, cfg: Config, run_dir: str, start_step: int = 0,
                  cursor_state: Optional[dict] = None, checkpoint: Optional[str] = None,
-                 on_metrics=None):
+                 checkpoint_state: Optional[dict] = None, stop=None, on_metrics=None):
+        from orchestrator.signals import StopSignals
         self.cfg = cfg
         self.run_dir = run_dir
         self.start_step = start_step
         self.cursor_state = cursor_state
         self.checkpoint = checkpoint
+        self.checkpoint_state = checkpoint_state
+        self.signals = stop if stop is not None else StopSignals()
         self.on_metrics = on_metrics
         self.procs: dict[tuple[str, int], mp.Process] = {}
         self.gens: dict[int, int] = {}
         self.restarts = 0
         self.loop: Optional[EventLoop] = None
-        self._stop = threading.Event()
-        self._signal: Optional[int] = None
-        self._signal_at: Optional[float] = None
+        self._stop = self.signals.event
+        self._hung: dict[tuple[str, int], float] = {}   # killed for silence: key -> silent seconds
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
 
     # ------------------------------------------------------------------ processes
@@ -151,7 +163,13 @@ class Supervisor:
         target = trainer_worker.main if spec.role == "trainer" else inference_worker.main
         p = mp.get_context("spawn").Process(target=target, args=(spec,), daemon=False,
                                             name=f"arl-{spec.role}{spec.index}g{spec.gen}")
-        p.start()
+        # the child inherits this mask: SIGINT/SIGTERM stay pending until it ignores them, so a
+        # signal to the process group in its first instants cannot kill it (or print a traceback)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         self.procs[(spec.role, spec.index)] = p
         pids = {f"{r}{i}": q.pid for (r, i), q in self.procs.items()}
         atomic_write(os.path.join(self.run_dir, "logs", "pids.json"), json.dumps(pids).encode())
@@ -162,8 +180,7 @@ class Supervisor:
         pending = set(rings)
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
         while pending:
-            if self._stop.is_set():
-                raise RunFailed("interrupted during startup")
+            self._check_stop("startup")
             if time.monotonic() > deadline:
                 raise RunFailed(f"workers {sorted(pending)} not ready within "
                                 f"run.startup_timeout_s={self.cfg.run.startup_timeout_s}")
@@ -179,11 +196,20 @@ class Supervisor:
 
     def _check_procs(self, startup: bool = False) -> None:
         """Called from the event thread: detect dead workers and decide what follows."""
+        if not startup:
+            self._check_heartbeats()
         dead = [(key, p) for key, p in list(self.procs.items()) if p.exitcode is not None]
         if dead and not startup:
             self.loop.drain_inputs()      # a worker that reported a Fatal fails the run with it
         for (role, i), p in dead:
             where = f"see {self.run_dir}/logs/{role}{i}.log"
+            hung = self._hung.pop((role, i), None)
+            if hung is not None and role == "trainer":
+                raise RunFailed(
+                    f"trainer worker {i} (pid {p.pid}) made no progress for {hung:.1f}s "
+                    f"(actor.heartbeat_timeout_s={self.cfg.actor.heartbeat_timeout_s}): hung or "
+                    f"stopped, killed; the last checkpoint stays valid (resume with "
+                    f"run.resume=auto); {where}")
             if role == "trainer" or startup:
                 extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"
                 raise RunFailed(f"{role} worker {i} (pid {p.pid}) died with exit code {p.exitcode}"
@@ -194,11 +220,35 @@ class Supervisor:
                                 f"inference.on_worker_death={self.cfg.inference.on_worker_death}); {where}")
             del self.procs[(role, i)]
             self.restarts += 1
-            log.warning("inference worker %d died (exit %s); restarting", i, p.exitcode)
+            log.warning("inference worker %d %s; restarting", i,
+                        f"hung for {hung:.1f}s" if hung is not None else f"died (exit {p.exitcode})")
             self.loop.metrics.write("event", event="worker_restart", worker=i, exitcode=p.exitcode,
-                                    restarts=self.restarts)
+                                    restarts=self.restarts, hung_s=hung)
             self.loop.worker_lost(i)
             self._respawn.put(self._fresh_rings(i))
+
+    def _heartbeat(self, res: Resources, role: str, i: int, gen: int = 0) -> None:
+        from shm.counter import SharedCounter
+        old = res.heartbeats.get((role, i))
+        res.heartbeats[(role, i)] = res.own(SharedCounter.create(res.names.heartbeat(role, i, gen)))
+        if old is not None:
+            res.disown(old)
+
+    def _check_heartbeats(self) -> None:
+        """Kill a ready worker whose heartbeat stalled; `_check_procs` then handles it as dead."""
+        now_ms = time.monotonic() * 1000
+        limits = {"trainer": self.cfg.actor.heartbeat_timeout_s,
+                  "inference": self.cfg.inference.heartbeat_timeout_s}
+        for key, p in list(self.procs.items()):
+            hb = self.loop.res.heartbeats.get(key)
+            beat = hb.get() if hb is not None else 0
+            silent = (now_ms - beat) / 1000
+            if beat and p.exitcode is None and silent > limits[key[0]]:
+                log.error("%s worker %d (pid %s) made no progress for %.1fs: killing it",
+                          key[0], key[1], p.pid, silent)
+                self._hung[key] = silent
+                p.kill()
+                p.join(2.0)
 
     def _fresh_rings(self, i: int) -> WorkerSpec:
         """Event thread: give worker i fresh rings (the old ones may hold a torn record) and return
@@ -210,6 +260,7 @@ class Supervisor:
         self.loop.replace_worker_rings(i, *res.inference_rings(i, gen))
         for r in old:
             res.disown(r)
+        self._heartbeat(res, "inference", i, gen)
         return self._spec(res, "inference", i, gen)
 
     def _stop_procs(self, res: Resources, deadline: float) -> None:
@@ -223,25 +274,30 @@ class Supervisor:
         def left():
             return max(0.05, deadline - time.monotonic())
 
-        for p in procs:
-            p.join(left() * 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(left() * 0.5)
+        for p in procs:            # workers ignore SIGTERM: past the window they get SIGKILL
+            p.join(left())
         for p in procs:
             if p.is_alive():
                 p.kill()
-                p.join(1.0)
+        for p in procs:
+            p.join(1.0)
 
     # ------------------------------------------------------------------ signals
-    def _on_signal(self, signum, frame) -> None:
-        if self._signal is None:
-            self._signal, self._signal_at = signum, time.monotonic()
-        self._stop.set()
+    @property
+    def _signal(self) -> Optional[int]:
+        return self.signals.signum
+
+    @property
+    def _signal_at(self) -> Optional[float]:
+        return self.signals.at
+
+    def _on_signal(self) -> None:
         if self.loop is not None:
             self.loop.stop_requested = True
+
+    def _check_stop(self, where: str) -> None:
+        if self._stop.is_set():
+            raise Interrupted(self._signal or signal.SIGTERM, where)
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -249,7 +305,7 @@ class Supervisor:
 
         cfg = self.cfg
         swept = sweep_dead()
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.signals.subscribe(self._on_signal)
         metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), on_write=self.on_metrics)
         if swept:
             log.info("swept %d segments of dead runs", len(swept))
@@ -264,7 +320,12 @@ class Supervisor:
                 why = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
                                 f"{cfg.model.path!r}: {why}", 2) from None
-            res = create_resources(names, nbytes)
+            self._check_stop("startup")
+            res = create_resources(names, nbytes, ring_sizes(cfg))
+            self._heartbeat(res, "trainer", 0)
+            for i in range(cfg.inference.num_workers):
+                self._heartbeat(res, "inference", i)
+            self._check_stop("startup")
             self._start(self._spec(res, "trainer", 0))
             for i in range(cfg.inference.num_workers):
                 self._start(self._spec(res, "inference", i))
@@ -275,9 +336,16 @@ class Supervisor:
             self.loop.stop_requested = self._stop.is_set()
             if self.start_step:
                 self._recover(res)
+            self._check_stop("resume recovery" if self.start_step else "startup")
             mthread = MetricsThread(metrics, self.loop.snapshot, cfg.metrics.interval_s)
             mthread.start()
             return self._event_thread(res, mthread)
+        except RunFailed as exc:
+            if self._stop.is_set() and not isinstance(exc, Interrupted) and mthread is None:
+                log.warning("after the stop signal: %s", exc)   # e.g. a worker hit by the signal
+                raise Interrupted(self._signal or signal.SIGTERM,
+                                  "resume recovery" if self.start_step else "startup") from None
+            raise
         finally:
             if mthread is not None:
                 mthread.stop()
@@ -288,20 +356,15 @@ class Supervisor:
             self._stop_procs(res, deadline)
             free_resources(res)
             metrics.close()
-            for s, h in old.items():
-                signal.signal(s, h)
 
     def _weight_nbytes(self) -> int:
-        if self.cfg.gpu_weights:
-            return 1 << 16           # the CPU buffer carries CUDA IPC handles only
-        if self.cfg.actor.backend == "sim":
-            return self.cfg.actor.sim.weight_bytes
-        from orchestrator.model import weight_nbytes_for
-        return weight_nbytes_for(self.cfg)
+        from orchestrator.channels import weight_nbytes
+        return weight_nbytes(self.cfg)
 
     def _await(self, ring, kind, accept, what: str):
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
         while time.monotonic() < deadline:
+            self._check_stop(what)
             msg = recv(ring, 0.05)
             if isinstance(msg, messages.Fatal):
                 raise RunFailed(f"{msg.role} worker {msg.index} failed during {what}: {msg.error}")
@@ -318,13 +381,14 @@ class Supervisor:
             directory=os.path.join(self.checkpoint, "trainer"), version=k))
         self._await(res.trainer_ctl, messages.CheckpointSaved, lambda m: m.step == -1,
                     "checkpoint load")
+        log.info("resume: inference workers reloading weights of version %d", k)
         for ring in res.inference_req:
             send(ring, messages.LoadWeights(version=k))
         for ring in res.inference_ctl:
             self._await(ring, messages.WeightsLoaded, lambda m: m.version >= k, "weight reload")
         res.counter.set(k)
         self.loop.gate.on_version_recovered(k)
-        self.loop.reuse_rollouts(self.checkpoint)
+        self.loop.reuse_rollouts(self.checkpoint, self.checkpoint_state)
         self.loop.metrics.write("event", event="resume", step=k, reused=self.loop.reused,
                                 redo=len(self.loop.cursor.redo), cursor=self.loop.cursor.cursor)
         log.info("resumed at step %d", k)

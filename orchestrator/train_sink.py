@@ -3,7 +3,9 @@
 Groups are consumed in completion order. Advantages are GRPO's: (r - group mean) / (group std + eps)
 for groups of more than one sample; singleton groups use the batch as their baseline. With
 `filter_zero_std`, groups whose rewards are all equal carry no signal and are dropped (a singleton
-batch is dropped only if every reward in it is equal). `trainable` is the number of samples left.
+batch is dropped only if every reward in it is equal). `trainable` is the number of samples left
+that have at least one loss-masked token (`trainable_tokens` counts those tokens): a batch of empty
+completions is not trainable.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class BatchInfo:
     version: int
     groups: int
     trainable: int
+    trainable_tokens: int
     reward_mean: float
     consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
     parts: list              # the groups themselves, in completion order
@@ -61,7 +64,10 @@ class TrainSink:
                 advs.append(_normalise(r) if g.n > 1 else np.zeros(1, np.float32))
         batch = concat(keep, kind=BATCH_KIND, ident=step, version=version)
         batch.advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
-        info = BatchInfo(step=step, version=version, groups=len(groups), trainable=batch.n,
+        cum = np.concatenate(([0], np.cumsum(batch.loss_mask, dtype=np.int64)))
+        per_seq = cum[batch.offsets[1:]] - cum[batch.offsets[:-1]]      # loss-masked tokens per sample
+        info = BatchInfo(step=step, version=version, groups=len(groups),
+                         trainable=int((per_seq > 0).sum()), trainable_tokens=int(per_seq.sum()),
                          reward_mean=float(rewards.mean()) if rewards.size else 0.0,
                          consumed=consumed, parts=groups)
         return batch, info

@@ -49,6 +49,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
         while True:
             msg = recv(control, timeout=0.0)
             while msg is not None:
+                ctx.beat()
                 if isinstance(msg, messages.SaveCheckpoint):
                     backend.save(msg.directory)
                     ctx.send(messages.CheckpointSaved(step=msg.step, directory=msg.directory))

@@ -2,13 +2,18 @@
 
 `worker_entry(spec, main)` is the spawn target: it dies with the supervisor (PR_SET_PDEATHSIG plus a
 parent-pid watch), pins its devices (CUDA_VISIBLE_DEVICES before any torch import) or CPU threads,
-logs to `run.dir/logs/<role><index>.log`, attaches its control ring, runs `main(spec, ctx)`, and on
-any exception sends a `Fatal` message with the traceback before exiting 1.
+logs to `run.dir/logs/<role><index>.log`, attaches its control ring and heartbeat word, runs
+`main(spec, ctx)`, and on any exception sends a `Fatal` message with the traceback before exiting 1.
+Workers ignore SIGINT and SIGTERM (the supervisor stops them: Shutdown, then SIGKILL). Every main
+loop calls `ctx.check_parent()` once per turn, which also stamps the heartbeat (monotonic ms) that
+the supervisor's progress deadline reads; long operations call `ctx.beat()` around themselves.
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
+import time
 import os
 import signal
 import sys
@@ -18,6 +23,7 @@ from typing import Callable
 
 from orchestrator import messages
 from orchestrator.channels import Bell, RunNames, send
+from orchestrator.signals import SIGNALS, ignore_in_worker
 
 PR_SET_PDEATHSIG = 1
 
@@ -42,15 +48,20 @@ class ParentGone(SystemExit):
 
 
 class WorkerContext:
-    def __init__(self, spec: WorkerSpec, ctl, bell: Bell):
-        self.spec, self.ctl, self.bell = spec, ctl, bell
+    def __init__(self, spec: WorkerSpec, ctl, bell: Bell, heartbeat=None):
+        self.spec, self.ctl, self.bell, self.heartbeat = spec, ctl, bell, heartbeat
         self.log = logging.getLogger(f"{spec.role}{spec.index}")
+
+    def beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.set(max(1, int(time.monotonic() * 1000)))
 
     def send(self, msg: messages.Msg, timeout: float = 30.0) -> None:
         send(self.ctl, msg, timeout)
         self.bell.ring()
 
     def check_parent(self) -> None:
+        self.beat()
         if os.getppid() != self.spec.parent_pid:
             raise ParentGone(3)
 
@@ -67,23 +78,27 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _setup_process(spec: WorkerSpec) -> None:
     _die_with_parent(spec.parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor decides when we stop
+    ignore_in_worker()                             # the supervisor decides when we stop
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)   # blocked by the supervisor around spawn
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(spec.threads)
     os.environ.update(spec.env)
     logdir = os.path.join(spec.run_dir, "logs")
     os.makedirs(logdir, exist_ok=True)
+    logging.raiseExceptions = False                # a full disk must not dump logging tracebacks
     logging.basicConfig(filename=os.path.join(logdir, f"{spec.role}{spec.index}.log"),
                         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], None]) -> None:
+    from shm.counter import SharedCounter
     from shm.ring import Ring
     _setup_process(spec)
     ctl = Ring.attach(spec.names.ctl(spec.role, spec.index, spec.gen))
     bell = Bell.attach(spec.names.bell)
-    ctx = WorkerContext(spec, ctl, bell)
+    heartbeat = SharedCounter.attach(spec.names.heartbeat(spec.role, spec.index, spec.gen))
+    ctx = WorkerContext(spec, ctl, bell, heartbeat)
     code = 0
     try:
         main(spec, ctx)
@@ -94,6 +109,8 @@ def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], N
         tb = traceback.format_exc()
         ctx.log.error("fatal: %s", tb)
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            line = f"DiskFull: no space left on device writing {exc.filename or spec.run_dir}"
         try:
             ctx.send(messages.Fatal(role=spec.role, index=spec.index, error=line, traceback=tb),
                      timeout=2.0)
@@ -103,4 +120,5 @@ def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], N
         logging.shutdown()
         ctl.close()
         bell.close()
+        heartbeat.close()
     sys.exit(code)

@@ -12,8 +12,10 @@ Contract
   file first and its semaphores before publishing the magic; it unlinks the semaphores first and
   the segment last. Only the owner unlinks (and `sweep_dead`, once the owner is dead).
 - `sweep_dead(prefix)` unlinks segments whose owner is gone (pid dead, zombie, or reused: the
-  create_time differs), segments with no valid header older than `grace_s`, and semaphores whose
-  segment is gone or was swept. It never touches a segment whose owner is alive.
+  create_time differs), segments with no valid header whose creator is known dead (a run_id that
+  starts with `<pid>-` names its creating process, as the supervisor's run ids do) or, when the
+  creator is unknown or its pid is alive, older than `grace_s`, and semaphores whose segment is
+  gone or was swept. It never touches a segment whose owner is alive.
 """
 from __future__ import annotations
 
@@ -243,6 +245,15 @@ def entry_owner(fname: str) -> tuple[int, float] | None:
     return None if hdr is None else (hdr[2], hdr[3])
 
 
+_CREATOR = re.compile(re.escape(PREFIX) + r"(\d+)-")
+
+
+def _creator_pid(segment_fname: str) -> int | None:
+    """The pid encoded at the start of a run_id (`arl_<pid>-...`), or None."""
+    m = _CREATOR.match(segment_fname)
+    return int(m.group(1)) if m else None
+
+
 def entry_owner_alive(fname: str, grace_s: float = 10.0) -> bool | None:
     """For a /dev/shm entry: True (owner alive or too young to judge), False (dead), None (gone)."""
     seg = _segment_of(fname)
@@ -250,6 +261,9 @@ def entry_owner_alive(fname: str, grace_s: float = 10.0) -> bool | None:
         return None if not os.path.exists(os.path.join(SHM_DIR, fname)) else False
     hdr = read_header(seg)
     if hdr is None:                                   # being created, or creator died before the magic
+        creator = _creator_pid(seg)
+        if creator is not None and not pid_alive(creator):
+            return False
         try:
             age = time.time() - os.stat(os.path.join(SHM_DIR, seg)).st_mtime
         except FileNotFoundError:

@@ -27,3 +27,11 @@ def _no_shm_leftovers():
     for fname in leaked:
         segments.remove_entry(fname)
     assert not leaked, f"test left shared memory in {segments.SHM_DIR}: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory):
+    """A tiny HF model directory (tests/hf_model.py), built once per session; copy it to alter it."""
+    pytest.importorskip("transformers")
+    from tests.hf_model import build_hf_model_dir
+    return build_hf_model_dir(tmp_path_factory.mktemp("hf_model") / "tiny")

@@ -65,3 +65,35 @@ def run_segments(*procs):
     prefixes = tuple(f"arl_{p.pid}-" for p in procs)
     return sorted(n for n in os.listdir("/dev/shm")
                   if n.removeprefix("sem.").startswith(prefixes))
+
+
+def run(run_dir, *overrides, config="configs/sim.yaml", timeout=120):
+    """Run a launch to its end: CompletedProcess with text stdout/stderr."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config", config,
+                           f"run.dir={run_dir}", *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def events(run_dir, name=None):
+    out = []
+    for line in open(os.path.join(run_dir, "metrics.jsonl")):
+        rec = json.loads(line)
+        if rec["kind"] == "event" and (name is None or rec["event"] == name):
+            out.append(rec)
+    return out
+
+
+def trained_prompt_ids(run_dir, total_steps):
+    """Prompt ids of every sample in the persisted batches of steps 1..total_steps."""
+    from orchestrator.durable import read_record
+    from shm.codec import decode
+    ids = []
+    for step in range(1, total_steps + 1):
+        batch = decode(read_record(os.path.join(run_dir, "batches", f"step_{step:08d}.rec")))
+        assert batch.ident == step and batch.version == step - 1
+        ids.extend(batch.prompt_ids.tolist())
+    return sorted(ids)
+
+
+def error_lines(stderr):
+    return [line for line in stderr.strip().splitlines() if line.startswith("error")]

@@ -77,8 +77,7 @@ def test_resume_continues_steps_and_keeps_the_bound(tmp_path):
 def test_kill_resume_trains_every_prompt_exactly_once(tmp_path):
     """kill -9 mid-run, resume: finished rollouts are reused, none skipped, none trained twice."""
     import signal
-    from tests.integration.lifecycle import start, wait_for_step
-    from shm.codec import decode
+    from tests.integration.lifecycle import start, trained_prompt_ids, wait_for_step
     common = ["run.total_steps=30", "run.checkpoint_every=4", "rollout.filter_zero_std=false",
               "actor.sim.step_time_s=0.08"]
     proc = start(tmp_path, *common)
@@ -90,12 +89,7 @@ def test_kill_resume_trains_every_prompt_exactly_once(tmp_path):
     recs = read_metrics(tmp_path)
     resume = [r for r in recs if r.get("event") == "resume"]
     assert len(resume) == 1 and resume[0]["reused"] > 0
-    ids = []
-    for step in range(1, 31):
-        batch = decode((tmp_path / "batches" / f"step_{step:08d}.rec").read_bytes())
-        assert batch.ident == step and batch.version == step - 1
-        ids.extend(batch.prompt_ids.tolist())
-    assert sorted(ids) == list(range(30 * 8))
+    assert trained_prompt_ids(tmp_path, 30) == list(range(30 * 8))
 
 
 def test_resuming_a_finished_run_is_a_no_op_that_still_sweeps(tmp_path):
@@ -142,11 +136,45 @@ def test_pause_dispatch_during_weight_sync(tmp_path):
 def test_partial_rollouts_span_versions_and_age_uses_the_head(tmp_path):
     # rollouts take several trainer steps: weights reload under them mid-generation, and their
     # later tokens carry newer versions; the reported age is the head's (oldest token's)
+    # (age_* are over each sequence's head, invariant 3; token_age_* over every token)
     out = launch(f"run.dir={tmp_path}", "run.total_steps=20", "inference.sim.latency_s=0.15",
                  "actor.sim.step_time_s=0.01")
     assert out.returncode == 0, out.stderr
     steps = steps_of(read_metrics(tmp_path))
     assert sum(r["spanning"] for r in steps) > 0
     for r in steps:
-        if r["spanning"]:                    # head age exceeds the age of the newest tokens
-            assert r["age_max"] > r["age_mean"] >= 0
+        if r["spanning"]:                    # heads are older than the tokens that follow them
+            assert r["age_max"] >= r["age_mean"] > r["token_age_mean"] >= 0
+
+
+def test_age_statistics_are_over_each_rollouts_head(tmp_path):
+    """age_max / age_p99 / age_mean are over the head (oldest live loss-masked version) of each
+    rollout of the batch, recomputed here from the persisted batches."""
+    import numpy as np
+    from orchestrator.durable import read_record
+    from shm.codec import decode
+    out = launch(f"run.dir={tmp_path}", "run.total_steps=15", "inference.sim.latency_s=0.15",
+                 "actor.sim.step_time_s=0.01", "rollout.filter_zero_std=false")
+    assert out.returncode == 0, out.stderr
+    steps = steps_of(read_metrics(tmp_path))
+    assert sum(r["spanning"] for r in steps) > 0
+    for r in steps:
+        b = decode(read_record(str(tmp_path / "batches" / f"step_{r['step']:08d}.rec")))
+        heads = np.array([r["version"] - b.versions[b.seq(i)][b.loss_mask[b.seq(i)] == 1].min()
+                          for i in range(b.n)])
+        assert r["age_max"] == heads.max()
+        assert r["age_mean"] == pytest.approx(heads.mean())
+        assert r["age_p99"] == pytest.approx(np.percentile(heads, 99))
+
+
+def test_empty_completions_are_not_trainable(tmp_path):
+    """A backend whose completions are all empty trips the empty-batch guard (exit 1) instead of
+    'training' to the step target."""
+    out = launch(f"run.dir={tmp_path}", "run.total_steps=30", "inference.sim.completion_tokens=0",
+                 "rollout.filter_zero_std=false", "run.empty_batch_limit=3")
+    assert out.returncode == 1
+    assert "no trainable token" in out.stderr and "Traceback" not in out.stderr
+    steps = steps_of(read_metrics(tmp_path))
+    # the guard fires at the 3rd StepDone; that step's line may not be written yet
+    assert 2 <= len(steps) <= 3
+    assert all(r["trainable"] == 0 and r["trainable_tokens"] == 0 for r in steps)

@@ -33,20 +33,25 @@ def test_broken_model_directory_is_bad_input(tmp_path):
     assert not (run_dir / "checkpoints" / "latest").exists()
 
 
-def test_worker_failing_at_startup_stops_the_run_cleanly(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("needs a machine where CUDA device 0 cannot be opened")
-    proc = start(tmp_path, "inference.devices=['0']", "eval.every_steps=0",
-                 config="configs/default.yaml")
+def test_worker_failing_at_startup_stops_the_run_cleanly(tmp_path, hf_model_dir):
+    # a model directory whose config is fine (the supervisor sizes the weights from it) but whose
+    # weights file is cut short: the workers fail while loading it
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(hf_model_dir, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"model.path={model}", "eval.every_steps=0", config="configs/default.yaml")
     children, err = watch(proc)
     assert proc.returncode == 1
     lines = [l for l in err.strip().splitlines() if l.startswith("error:")]
-    assert len(lines) == 1 and "inference worker 0 failed at startup" in lines[0]
-    assert f"{tmp_path}/logs" in lines[0] and "Traceback" not in err
+    assert len(lines) == 1 and " worker 0 failed at startup" in lines[0], err
+    assert f"{run_dir}/logs" in lines[0] and "Traceback" not in err
     assert all_gone(children, timeout=5.0) == [] and run_segments(proc) == []
-    assert not (tmp_path / "checkpoints" / "latest").exists()
-    assert "Traceback" in (tmp_path / "logs" / "inference0.log").read_text()
+    assert not (run_dir / "checkpoints" / "latest").exists()
+    role = "trainer" if "trainer worker" in lines[0] else "inference"
+    assert "Traceback" in (run_dir / "logs" / f"{role}0.log").read_text()
 
 
 def test_startup_timeout_is_reported(tmp_path):

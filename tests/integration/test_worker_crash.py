@@ -3,6 +3,7 @@ with inference.on_worker_death=fail the run fails loudly instead."""
 import json
 import os
 import signal
+import time
 
 from tests.integration.lifecycle import run_segments, start, steps, wait_for_step, worker_pids
 
@@ -46,3 +47,41 @@ def test_trainer_death_fails_with_clear_error_and_checkpoint_stays_valid(tmp_pat
     latest = (tmp_path / "checkpoints" / "latest").read_text()
     assert (tmp_path / "checkpoints" / latest / "supervisor.json").exists()
     assert run_segments(proc) == []
+
+
+def test_redispatched_prompts_are_not_new_admissions(tmp_path):
+    from tests.integration.lifecycle import trained_prompt_ids
+    proc = start(tmp_path, "run.total_steps=30", "rollout.filter_zero_std=false",
+                 "inference.sim.latency_s=0.3", "actor.sim.step_time_s=0.02")
+    wait_for_step(proc, tmp_path, 5)
+    os.kill(worker_pids(tmp_path)["inference0"], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    s = steps(tmp_path)
+    # every prompt admitted once: admissions add up to the prompts trained, none counted twice
+    assert sum(r["admitted"] for r in s) == 30 * 8
+    assert trained_prompt_ids(tmp_path, 30) == list(range(30 * 8))
+
+
+def test_worker_death_in_the_first_step_after_resume_keeps_the_run(tmp_path):
+    from tests.integration.lifecycle import run
+    common = ["inference.sim.latency_s=0.4", "actor.sim.step_time_s=0.02",
+              "rollout.filter_zero_std=false", "run.checkpoint_every=5"]
+    assert run(tmp_path, "run.total_steps=5", *common).returncode == 0
+    first_pids = worker_pids(tmp_path)
+    proc = start(tmp_path, "run.total_steps=12", "run.resume=must", *common)
+    deadline = time.monotonic() + 60          # wait for the resumed run's workers, then kill one
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None
+        pids = worker_pids(tmp_path) if os.path.exists(tmp_path / "logs" / "pids.json") else {}
+        if pids.get("inference0") not in (None, first_pids["inference0"]) and \
+                any(json.loads(l).get("event") == "resume" for l in open(tmp_path / "metrics.jsonl")):
+            break
+        time.sleep(0.01)
+    os.kill(pids["inference0"], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    s = steps(tmp_path)
+    resumed = [r for r in s if r["resumed"]]
+    assert len(resumed) == 1 and resumed[0]["step"] == 6 and resumed[0]["admitted"] <= 3 * 8
+    assert [r["step"] for r in s] == list(range(1, 13))

@@ -1,0 +1,119 @@
+"""Durable files of the run directory: atomic writes, fsync order, checksummed record files.
+
+Contract
+- `atomic_write(path, data)`: write `path.tmp`, fsync it, rename over `path`, fsync the directory.
+  After it returns the new content survives a host crash; a crash before leaves the old content.
+- `fsync_dir(path)`: make a directory's entries (renames, creations, removals) durable.
+- `write_record(path, payload)` / `read_record(path)`: a record file is a 32-byte header (magic
+  b"ARLREC\\0\\1", payload length u64, CRC32 of the payload u32, CRC32 of the header's first 20
+  bytes u32, 8 zero bytes) then the payload. `read_record` checks length and both checksums and raises
+  `RecordError` (naming the file) on any mismatch: a damaged record never decodes into other bytes.
+- `DiskFull`: an OSError with ENOSPC/EDQUOT raised by these writes, re-raised with the path named
+  (`disk_full(exc, path)` converts one raised elsewhere; `str()` is the one line launch prints).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import zlib
+
+MAGIC = b"ARLREC\x00\x01"
+_HDR = struct.Struct("<8sQII8x")
+HEADER_SIZE = _HDR.size
+assert HEADER_SIZE == 32
+
+
+class RecordError(ValueError):
+    """A record file is truncated, damaged or not a record."""
+
+
+class DiskFull(OSError):
+    """No space left (or quota exceeded) while writing a file of the run directory."""
+
+    def __str__(self) -> str:
+        return f"no space left on device writing {self.filename}"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: OSError, path: str) -> OSError:
+    """`exc` as a DiskFull naming `path` when it is ENOSPC/EDQUOT; otherwise `exc` itself."""
+    if is_disk_full(exc):
+        return DiskFull(exc.errno, os.strerror(exc.errno), exc.filename or path)
+    return exc
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_fsync(path: str, chunks) -> None:
+    try:
+        with open(path, "wb") as f:
+            for c in chunks:
+                f.write(c)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise disk_full(exc, path) from None
+
+
+def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` atomically (and durably unless durable=False)."""
+    tmp = f"{path}.tmp"
+    if durable:
+        _write_fsync(tmp, (data,))
+    else:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise disk_full(exc, tmp) from None
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def record_header(payload) -> bytes:
+    crc = zlib.crc32(payload)
+    head = struct.pack("<8sQI", MAGIC, len(payload), crc)
+    return _HDR.pack(MAGIC, len(payload), crc, zlib.crc32(head))
+
+
+def write_record(path: str, payload) -> None:
+    """Atomically and durably write one checksummed record file."""
+    tmp = f"{path}.tmp"
+    _write_fsync(tmp, (record_header(payload), payload))
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def read_record(path: str) -> memoryview:
+    """Payload of a record file (a read-only view, no copy); `RecordError` naming the file if it is damaged."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < HEADER_SIZE:
+        raise RecordError(f"record file {path} is truncated ({len(data)} bytes)")
+    magic, length, crc, hcrc = _HDR.unpack_from(data)
+    if magic != MAGIC:
+        raise RecordError(f"{path} is not a record file (bad magic)")
+    if zlib.crc32(data[:20]) != hcrc or any(data[24:HEADER_SIZE]):
+        raise RecordError(f"record file {path} has a damaged header")
+    if len(data) - HEADER_SIZE != length:
+        raise RecordError(f"record file {path} is truncated or padded: {len(data) - HEADER_SIZE} "
+                          f"payload bytes, header says {length}")
+    payload = memoryview(data)[HEADER_SIZE:]
+    if zlib.crc32(payload) != crc:
+        raise RecordError(f"record file {path} is damaged (payload checksum mismatch)")
+    return payload
