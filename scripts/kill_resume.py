@@ -1,36 +1,135 @@
-"""Kill-and-resume soak: kill -9 the supervisor at random moments, resume, check recovery.
+"""Kill-and-resume soak: kill -9 the supervisor across the whole life of a run, resume, check recovery.
 
-    python scripts/kill_resume.py --config configs/sim.yaml --kills 3 [--seed 0] [key=value ...]
+    python scripts/kill_resume.py --config configs/sim.yaml --kills 6 [--seed 0] [key=value ...]
 
-Each round starts `python -m orchestrator.launch ... run.resume=auto`, waits a random time, and
-kill -9's the supervisor. Checked: every child is gone within 5 s of each kill; after the final
-(uninterrupted) resume no /dev/shm entry of any of these runs is left; step lines are contiguous
-1..run.total_steps with no duplicate; each first step after a resume admitted at most (S+1)*B;
-the final step equals the target. Prints a JSON summary; exit 0 when every check holds, 1 if not.
+Every launch is `python -m orchestrator.launch --config C run.dir=D run.resume=auto [key=value ...]
+rollout.filter_zero_std=false` in its own process group. The filter is forced off (last override
+wins) so that every batch holds all its groups and "every prompt trained exactly once" can be checked
+exactly. Each of `--kills` rounds picks a phase (seeded by `--seed`: the rounds walk through seeded
+permutations of the phases, so rounds 0-4, 5-9, ... each cover all five) and a random moment in it:
+- startup: a random moment of the first `--startup-window` s after launch, or right after the n-th
+  /dev/shm entry of the launch appears (n random: anywhere in shared-memory creation);
+- recovery: a resumed launch (when no checkpoint exists yet the round first runs to one and kills
+  there, recorded as `prep`), killed at a random moment before its first step line or 0-50 ms after
+  its `resume` event;
+- steady: 0..`--steady-window` s after the launch's first step line;
+- checkpoint: the next checkpoint of the launch; the kill lands 0-3 ms after `step_K.partial`
+  appears, right after it is renamed to `step_K` (before `latest` names it), or 0-5 ms after
+  `latest` is replaced;
+- drain: SIGTERM at a random moment of steady state, then kill -9 after a random fraction of
+  `--drain-window` (default: run.shutdown_timeout_s); a drain that ends first must exit 0 or 143.
+File-system moments are caught with inotify (ctypes, Linux; without it the directories are polled
+every 0.5 ms). The rename window is microseconds when writes are not fsynced: for it the soak pins
+itself to one CPU and the supervisor to the others, busy-reads the inotify queue and kills within
+microseconds of the rename (`state_at_kill`: `latest` older than `newest_dir` means it hit).
+Only the supervisor pid gets the kill -9; the process group is killed afterwards as clean-up, and
+after a hang (no exit and no new step line within `--hang-timeout` s). Then a final uninterrupted
+resume runs to the end.
+
+Checked after every round that wrote step lines and at the end: step lines are 1..k, each once
+(k = run.total_steps at the end); batches/step_K.rec of steps 1..k decode (checksummed record files,
+or bare codec records), carry ident K, version K-1 and B*group_size samples, and no prompt is trained
+twice; at the end the prompt ids are exactly the stream indices 0..T*B-1 (mod task.num_train_prompts),
+group_size samples each; the first step after each resume admitted at most (S+1)*B. Also: every
+descendant of a killed supervisor is gone within 5 s; no round exits non-zero on its own; no hang;
+at least one resume trained a step; no /dev/shm entry of any launch is left at the end. Prints a
+JSON summary (`ok`, `failures`, per-round records, the checks); exit 0 iff ok.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import random
+import re
+import select
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PHASES = ("startup", "recovery", "steady", "checkpoint", "drain")
+FORCED = ("run.resume=auto", "rollout.filter_zero_std=false")
+DRAIN_EXIT = (0, 128 + signal.SIGTERM)          # a drain that finishes before the kill
+CKPT_POLL_S = 0.0005
+POLL_S = 0.005
+ORPHAN_WAIT_S = 5.0
+_STEP_DIR = re.compile(r"step_(\d+)\Z")
 
 
-def _launch(config, run_dir, overrides):
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.launch", "--config", config,
-                             f"run.dir={run_dir}", "run.resume=auto", *overrides],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+# ---------------------------------------------------------------------------------------- files
+def read_metrics(run_dir) -> tuple[list[dict], list[int], int]:
+    """(records, indices of unparseable lines, number of lines) of metrics.jsonl."""
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        return [], [], 0
+    recs, bad = [], []
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError
+            recs.append(rec)
+        except ValueError:
+            bad.append(i)
+    return recs, bad, len(lines)
+
+
+def read_batch(path):
+    """A persisted batch: a checksummed record file, or (older runs) a bare codec record."""
+    from shm.codec import decode
+    try:
+        from orchestrator.durable import RecordError, read_record
+    except ImportError:               # a runtime from before record files
+        RecordError = read_record = None
+    if read_record is not None:
+        try:
+            return decode(read_record(path))
+        except RecordError as exc:
+            if "bad magic" not in str(exc):
+                raise
+    with open(path, "rb") as f:
+        return decode(f.read())
+
+
+def latest_name(run_dir) -> Optional[str]:
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
+            return f.read().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _step_of(name) -> int:
+    m = _STEP_DIR.match(name or "")
+    return int(m.group(1)) if m else -1
+
+
+def ckpt_state(run_dir) -> dict:
+    try:
+        names = os.listdir(os.path.join(run_dir, "checkpoints"))
+    except FileNotFoundError:
+        names = []
+    committed = [_step_of(n) for n in names if _STEP_DIR.match(n)]
+    return {"partials": sorted(n for n in names if n.endswith(".partial")),
+            "committed": sorted(committed), "latest": latest_name(run_dir)}
 
 
 def _segments_of(pids):
@@ -38,77 +137,760 @@ def _segments_of(pids):
     return sorted(n for n in os.listdir("/dev/shm") if n.removeprefix("sem.").startswith(prefixes))
 
 
-def _kill_round(config, run_dir, overrides, delay):
-    proc = _launch(config, run_dir, overrides)
-    deadline = time.monotonic() + delay
-    children = []
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:   # remember every worker seen, including restarted ones
-            children += [c for c in psutil.Process(proc.pid).children(recursive=True)
-                         if c not in children]
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.02)
-    if proc.poll() is not None:
-        return {"pid": proc.pid, "killed": False, "returncode": proc.returncode}
-    os.kill(proc.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    proc.wait(10)
-    _, alive = psutil.wait_procs(children, timeout=5.0)
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    return {"pid": proc.pid, "killed": True, "delay_s": round(delay, 3), "children": len(children),
-            "children_alive_after_5s": len(alive), "children_gone_s": round(time.monotonic() - t0, 3)}
+def _tail(path, n=6) -> list[str]:
+    """Last n lines of a stderr file, without traceback caret lines."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().strip().splitlines()
+    except OSError:
+        return []
+    return [l for l in lines if l.strip(" ^~")][-n:]
 
 
-def check(run_dir, pids) -> dict:
+class DirEvents:
+    """Names created in / renamed into one directory, from Linux inotify (through ctypes), so that a
+    kill can follow a file-system step of the runtime within microseconds. `open` returns None where
+    inotify is unavailable (the callers then poll)."""
+    IN_MOVED_TO, IN_CREATE = 0x80, 0x100
+    _EV = struct.Struct("iIII")
+
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, []
+
+    @classmethod
+    def open(cls, path: str) -> Optional["DirEvents"]:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                return None
+            if libc.inotify_add_watch(fd, os.fsencode(path), cls.IN_MOVED_TO | cls.IN_CREATE) < 0:
+                os.close(fd)
+                return None
+            return cls(fd)
+        except (OSError, AttributeError):
+            return None
+
+    def sleep(self, timeout: float) -> None:
+        """Wait up to `timeout` s for events; append (mask, name) of each to `buf`."""
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return
+        self.buf += self.read()
+
+    def read(self) -> list:
+        """(mask, name) of the events queued now, without waiting."""
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return []
+        out, off = [], 0
+        while off + self._EV.size <= len(data):
+            _wd, mask, _cookie, n = self._EV.unpack_from(data, off)
+            name = data[off + self._EV.size: off + self._EV.size + n].rstrip(b"\0")
+            out.append((mask, os.fsdecode(name)))
+            off += self._EV.size + n
+        return out
+
+    def take(self) -> list:
+        out, self.buf = self.buf, []
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Pinned:
+    """This process on one CPU, the supervisor's threads on the others (best effort; `ok` False
+    with a single CPU or where not permitted): a busy-waiting soak then never delays the run."""
+
+    def __init__(self, pid: int):
+        self.mine, self.ok = None, False
+        try:
+            self.mine = os.sched_getaffinity(0)
+            if len(self.mine) < 2:
+                return
+            cpu = min(self.mine)
+            threads = psutil.Process(pid).threads()
+            os.sched_setaffinity(0, {cpu})
+            for t in threads:
+                os.sched_setaffinity(t.id, self.mine - {cpu})
+            self.ok = True
+        except (OSError, psutil.Error):
+            pass
+
+    def close(self) -> None:
+        if self.mine is not None:
+            try:
+                os.sched_setaffinity(0, self.mine)
+            except OSError:
+                pass
+
+
+def spin_until(ln: "Launch", ev: DirEvents, match: Callable[[int, str], bool], hang_s: float) -> str:
+    """Busy-read `ev` and kill -9 the supervisor the moment an event matches ('killed'): within
+    microseconds of the runtime's file-system step. Else 'exited' or 'hang'."""
+    next_poll = 0.0
+    while True:
+        for mask, name in ev.read():
+            if match(mask, name):
+                try:
+                    os.kill(ln.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return "killed"
+        now = time.monotonic()
+        if now >= next_poll:
+            next_poll = now + 0.05
+            if ln.proc.poll() is not None:
+                return "exited"
+            if now - ln.last_progress > hang_s:
+                return "hang"
+            ln.poll()
+
+
+def _spin(seconds: float) -> None:
+    """Busy-wait a few ms (a sleep could overshoot the moment)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- checks
+def check(run_dir, pids=(), final=True) -> dict:
+    """Check the run directory (and /dev/shm for the supervisor `pids`). final=False: a run in
+    progress, steps 1..k for some k, no prompt trained twice so far. Returns the check fields plus
+    `failures` (strings) and `ok`."""
+    failures = []
     cfg = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
-    target = cfg["run"]["total_steps"]
-    bound = (cfg["rollout"]["max_head_offpolicyness"] + 1) * cfg["rollout"]["consumer_batch_size"]
-    steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if '"step"' in l]
-    steps = [r for r in steps if r["kind"] == "step"]
-    numbers = [r["step"] for r in steps]
-    resumed = [r for r in steps if r["resumed"]]
+    target = int(cfg["run"]["total_steps"])
+    r = cfg["rollout"]
+    B, S, g = int(r["consumer_batch_size"]), int(r["max_head_offpolicyness"]), int(r.get("group_size", 1))
+    num_train = int(cfg.get("task", {}).get("num_train_prompts", 100000))
+    bound = (S + 1) * B
+    recs, bad, nlines = read_metrics(run_dir)
+    if [i for i in bad if i != nlines - 1]:          # a kill may cut the last line, nothing else
+        failures.append(f"metrics.jsonl has unparseable lines {[i + 1 for i in bad][:5]}")
+    steps = [x for x in recs if x.get("kind") == "step"]
+    numbers = [x.get("step") for x in steps]
+    contiguous = numbers == list(range(1, len(numbers) + 1))
+    if not contiguous:
+        dup = sorted(k for k, c in Counter(numbers).items() if c > 1)
+        gaps = sorted(set(range(1, max([n for n in numbers if isinstance(n, int)], default=0) + 1))
+                      - set(numbers))
+        failures.append(f"step lines not 1..k each once: duplicates {dup[:10]}, missing {gaps[:10]}, "
+                        f"order head {numbers[:5]}")
+    final_ok = bool(numbers) and numbers[-1] == target
+    if final and not final_ok:
+        failures.append(f"last step line is {numbers[-1] if numbers else None}, target {target}")
+    resumed = [x for x in steps if x.get("resumed")]
+    over = [(x["step"], x.get("admitted")) for x in resumed if not (x.get("admitted", 0) <= bound)]
+    if over:
+        failures.append(f"first step after resume admitted more than (S+1)*B={bound}: {over}")
+
+    # prompts: steps 1..k (k = the last contiguous step line)
+    k = target if final else (len(numbers) if contiguous else 0)
+    expected = Counter()
+    for index in range(target * B):
+        expected[index % num_train] += g
+    seen, batch_errors = Counter(), []
+    for step in range(1, k + 1):
+        path = os.path.join(run_dir, "batches", f"step_{step:08d}.rec")
+        try:
+            b = read_batch(path)
+        except FileNotFoundError:
+            batch_errors.append(f"step {step}: no batch file")
+            continue
+        except Exception as exc:                # RecordError, CodecError: a damaged batch
+            batch_errors.append(f"step {step}: {type(exc).__name__}: {exc}")
+            continue
+        n = len(b.offsets) - 1
+        if b.ident != step or b.version != step - 1 or n != B * g:
+            batch_errors.append(f"step {step}: ident {b.ident}, version {b.version}, {n} samples "
+                                f"(expected {step}, {step - 1}, {B * g})")
+        seen.update(int(i) for i in b.prompt_ids.tolist())
+    if batch_errors:
+        failures.append(f"batch files: {batch_errors[:5]}" + (f" (+{len(batch_errors) - 5})"
+                                                              if len(batch_errors) > 5 else ""))
+    twice = sorted(i for i, c in seen.items() if c > expected.get(i, 0))
+    missing = sorted(i for i, c in expected.items() if seen.get(i, 0) < c) if final else []
+    prompts_ok = not batch_errors and not twice and not missing
+    if twice:
+        failures.append(f"prompts trained more than once (or out of range): {twice[:10]}"
+                        + (f" (+{len(twice) - 10})" if len(twice) > 10 else ""))
+    if missing:
+        failures.append(f"prompts never trained: {missing[:10]}"
+                        + (f" (+{len(missing) - 10})" if len(missing) > 10 else ""))
+    leftovers = _segments_of(pids) if final else []
+    if leftovers:
+        failures.append(f"/dev/shm entries left: {leftovers[:10]}")
     return {
-        "steps_contiguous": numbers == list(range(1, len(numbers) + 1)),
-        "final_step_is_target": bool(numbers) and numbers[-1] == target,
-        "bound_kept_on_resume": all(r["admitted"] <= bound for r in resumed),
-        "resumed_steps": [r["step"] for r in resumed],
-        "resumed_admitted": [r["admitted"] for r in resumed],
-        "shm_leftovers": _segments_of(pids),
+        "steps_contiguous": contiguous,
+        "final_step_is_target": final_ok,
+        "last_step": numbers[-1] if numbers else 0,
+        "bound_kept_on_resume": not over,
+        "resumed_steps": [x["step"] for x in resumed],
+        "resumed_admitted": [x.get("admitted") for x in resumed],
+        "prompts_exactly_once": prompts_ok,
+        "shm_leftovers": leftovers,
+        "failures": failures,
+        "ok": not failures,
     }
+
+
+# ---------------------------------------------------------------------------------------- launches
+@dataclass
+class Launch:
+    proc: subprocess.Popen
+    run_dir: str
+    err_path: str
+    wall0: float = field(default_factory=time.time)
+    mono0: float = field(default_factory=time.monotonic)
+    children: list = field(default_factory=list)
+    steps: list = field(default_factory=list)        # step lines written by this launch
+    resume_event: bool = False
+    first_step_s: Optional[float] = None
+    last_progress: float = field(default_factory=time.monotonic)
+    _sig: tuple = ()
+    _next_children: float = 0.0
+    _next_metrics: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.mono0
+
+    def poll(self, metrics_every: float = 0.02) -> None:
+        now = time.monotonic()
+        if now >= self._next_children:
+            self._next_children = now + 0.05
+            try:   # every descendant seen, including restarted workers
+                for c in psutil.Process(self.pid).children(recursive=True):
+                    if c not in self.children:
+                        self.children.append(c)
+            except (psutil.Error, OSError):
+                pass
+        if now >= self._next_metrics:
+            self._next_metrics = now + metrics_every
+            for rec in self._new_lines():
+                if rec.get("time", 0) < self.wall0:
+                    continue
+                if rec.get("kind") == "event" and rec.get("event") == "resume":
+                    self.resume_event = True
+                elif rec.get("kind") == "step":
+                    self.steps.append(rec)
+                    self.last_progress = time.monotonic()
+                    if self.first_step_s is None:
+                        self.first_step_s = round(time.monotonic() - self.mono0, 3)
+
+    def _new_lines(self) -> list[dict]:
+        """Complete lines appended to metrics.jsonl since the last call (re-read from the start
+        when the file was replaced or shrank: a resume rewrites it)."""
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return []
+        ino, off = self._sig or (None, 0)
+        if st.st_ino != ino or st.st_size < off:
+            off = 0
+        if st.st_size == off:
+            self._sig = (st.st_ino, off)
+            return []
+        with open(path, "rb") as f:
+            f.seek(off)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._sig = (st.st_ino, off + end)
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+
+def launch(config, run_dir, overrides, err_path) -> Launch:
+    wall0, mono0 = time.time(), time.monotonic()
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.launch", "--config", config,
+                                 f"run.dir={run_dir}", *overrides, *FORCED],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    return Launch(proc, run_dir, err_path, wall0, mono0, last_progress=mono0)
+
+
+def wait(ln: Launch, until: Optional[Callable[[], bool]] = None, deadline: Optional[float] = None,
+         hang_s: float = 60.0, poll_s: float = POLL_S, metrics_every: float = 0.02,
+         sleep: Callable[[float], None] = time.sleep) -> str:
+    """Poll a launch until `until()` holds ('event'), it exits ('exited'), `deadline` (monotonic)
+    passes ('deadline'), or it makes no progress (no new step line) for hang_s ('hang').
+    `sleep(poll_s)` waits between polls (DirEvents.sleep wakes up on a file-system event)."""
+    while True:
+        if until is not None and until():
+            return "event"
+        if ln.proc.poll() is not None:
+            return "exited"
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return "deadline"
+        if now - ln.last_progress > hang_s:
+            return "hang"
+        ln.poll(metrics_every)
+        sleep(poll_s)
+
+
+def _group_members(pgid) -> list:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+def _running(p) -> bool:
+    """Alive and not a zombie (an orphan reparented to a non-reaping init stays a zombie)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def reap(ln: Launch, since: float) -> list[str]:
+    """After the supervisor is gone: its descendants (polled ones and its process group) must be
+    gone by `since` + 5 s. Returns the ones alive, then kills the group as clean-up."""
+    procs = list(ln.children) + [p for p in _group_members(ln.pid) if p not in ln.children]
+    while True:
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= since + ORPHAN_WAIT_S:
+            break
+        time.sleep(0.05)
+    names = []
+    for p in alive:
+        try:
+            names.append(f"{p.pid}:{p.name()}")
+            p.kill()
+        except (psutil.Error, OSError):
+            pass
+    kill_group(ln)
+    return names
+
+
+def kill_group(ln: Launch) -> None:
+    try:
+        os.killpg(ln.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        ln.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- rounds
+class Soak:
+    def __init__(self, args, cfg):
+        self.args, self.cfg = args, cfg
+        self.rng = random.Random(args.seed)
+        self.run_dir, self.log_dir = args.run_dir, args.log_dir
+        self.overrides = list(args.overrides)
+        self.pids: list[int] = []
+        self.failures: list[str] = []
+        self.warnings: list[str] = []
+        self.first_step_est: Optional[float] = None
+        self.shm_est = 10               # /dev/shm entries a launch creates (learned from kills)
+        self.current: Optional[Launch] = None
+        self.n = 0
+
+    def _launch(self, label) -> Launch:
+        self.n += 1
+        ln = launch(self.args.config, self.run_dir, self.overrides,
+                    os.path.join(self.log_dir, f"launch_{self.n:03d}_{label}.stderr"))
+        self.pids.append(ln.pid)
+        self.current = ln
+        return ln
+
+    def _kill(self, ln: Launch, rec: dict, where: str, sent: bool = False) -> None:
+        """kill -9 the supervisor only (unless `sent` already), then the orphan check."""
+        rec["killed"], rec["kill_at_s"] = True, round(ln.elapsed(), 4)
+        t = time.monotonic()
+        if not sent:
+            try:
+                os.kill(ln.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            ln.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.failures.append(f"{where}: supervisor {ln.pid} still alive 10 s after kill -9")
+        if ln.steps:          # past startup: every entry of the launch exists
+            self.shm_est = max(self.shm_est, len(_segments_of([ln.pid])))
+        ln.poll()
+        alive = reap(ln, t)
+        rec["children"], rec["children_alive_after_5s"] = len(ln.children), len(alive)
+        if alive:
+            self.failures.append(f"{where}: {len(alive)} descendants of the killed supervisor alive "
+                                 f"5 s after kill -9: {alive}")
+
+    def _exited(self, ln: Launch, rec: dict, where: str, allowed=(0,)) -> None:
+        rc = ln.proc.returncode
+        rec["returncode"] = rc
+        alive = reap(ln, time.monotonic())
+        rec["children"], rec["children_alive_after_5s"] = len(ln.children), len(alive)
+        if rc not in allowed:
+            tail = _tail(ln.err_path)
+            rec["stderr_tail"] = tail
+            self.failures.append(f"{where}: exited {rc} on its own: {' | '.join(tail[-3:])}")
+        elif rc == 0:
+            rec["completed"] = True
+            if where.startswith("round"):
+                self.warnings.append(f"{where}: the run reached its target before the kill")
+        if alive:
+            self.failures.append(f"{where}: {len(alive)} descendants alive 5 s after exit: {alive}")
+
+    def _hang(self, ln: Launch, rec: dict, where: str, what: str) -> None:
+        rec["hang"], rec["killed"] = True, False
+        kill_group(ln)
+        rec["children_alive_after_5s"] = len(reap(ln, time.monotonic()))
+        last = ln.steps[-1]["step"] if ln.steps else None
+        self.failures.append(f"{where}: hang: {what} (no exit, no new step line for "
+                             f"{self.args.hang_timeout:g} s; last step of this launch {last}; "
+                             f"stderr: {' | '.join(_tail(ln.err_path, 3))})")
+
+    def _outcome(self, ln: Launch, how: str, rec: dict, where: str, what: str) -> bool:
+        """Handle exit/hang; True when the launch is still running (ready for the kill)."""
+        if how == "exited":
+            self._exited(ln, rec, where)
+            return False
+        if how == "hang":
+            self._hang(ln, rec, where, what)
+            return False
+        return True
+
+    def _finish(self, ln: Launch, rec: dict) -> None:
+        ln._next_metrics = 0.0
+        ln.poll()                     # step lines written just before it died
+        rec["pid"], rec["first_step_s"] = ln.pid, ln.first_step_s
+        nums = [s["step"] for s in ln.steps]
+        rec["new_steps"] = [nums[0], nums[-1]] if nums else []
+        rec["resumed_step"] = next((s["step"] for s in ln.steps if s.get("resumed")), None)
+        if ln.first_step_s is not None and (ln.resume_event or self.first_step_est is None):
+            self.first_step_est = ln.first_step_s
+        self.current = None
+
+    # -- phases: each returns after the launch is gone; `rec` gets what happened
+    def startup(self, ln, rec, where):
+        """A random moment of the first `--startup-window` s, or right after the n-th /dev/shm
+        entry of this launch appears (n random: anywhere in resource creation)."""
+        rec["mode"] = mode = self.rng.choice(("timed", "shm"))
+        ev = DirEvents.open("/dev/shm") if mode == "shm" else None
+        if ev is None:
+            rec["mode"] = "timed"
+            moment = self.rng.uniform(0.0, self.args.startup_window)
+            rec["target_s"] = round(moment, 4)
+            how = wait(ln, until=lambda: bool(ln.steps), deadline=ln.mono0 + moment,
+                       hang_s=self.args.hang_timeout, poll_s=0.002)
+        else:
+            nth = self.rng.randint(1, self.shm_est)
+            prefix, made = f"arl_{ln.pid}-", []
+            rec["nth_entry"] = nth
+
+            def created():
+                made.extend(n for m, n in ev.take() if n.removeprefix("sem.").startswith(prefix))
+                return len(made) >= nth or bool(ln.steps)
+
+            try:
+                how = wait(ln, until=created, hang_s=self.args.hang_timeout, poll_s=0.02,
+                           sleep=ev.sleep)
+            finally:
+                ev.close()
+            if made:
+                rec["entry"] = made[min(nth, len(made)) - 1]
+            _spin(self.rng.uniform(0.0, 0.001))
+        rec["late"] = how == "event" and bool(ln.steps)    # a step line came first: killed at once
+        if self._outcome(ln, how, rec, where, "startup"):
+            self._kill(ln, rec, where)
+
+    def recovery(self, ln, rec, where):
+        rec["mode"] = mode = self.rng.choice(("early", "after_resume_event"))
+        hang = self.args.hang_timeout
+        if mode == "early":
+            moment = self.rng.uniform(0.0, self.first_step_est or 1.0)
+            rec["target_s"] = round(moment, 4)
+            how = wait(ln, until=lambda: bool(ln.steps), deadline=ln.mono0 + moment, hang_s=hang,
+                       poll_s=0.002, metrics_every=0.005)
+        else:
+            how = wait(ln, until=lambda: ln.resume_event or bool(ln.steps), hang_s=hang,
+                       poll_s=0.002, metrics_every=0.003)
+            if how == "event" and not ln.steps:
+                delay = self.rng.uniform(0.0, 0.05)
+                rec["delay_s"] = round(delay, 4)
+                how = wait(ln, until=lambda: bool(ln.steps), deadline=time.monotonic() + delay,
+                           hang_s=hang, poll_s=0.002, metrics_every=0.003)
+        rec["late"] = how == "event" and bool(ln.steps)
+        if self._outcome(ln, how, rec, where, "waiting for the resume"):
+            self._kill(ln, rec, where)
+
+    def _steady_moment(self, ln, rec, where, window) -> bool:
+        how = wait(ln, until=lambda: bool(ln.steps), hang_s=self.args.hang_timeout)
+        if not self._outcome(ln, how, rec, where, "waiting for the first step line"):
+            return False
+        delay = self.rng.uniform(0.0, window)
+        rec["delay_s"] = round(delay, 4)
+        how = wait(ln, deadline=time.monotonic() + delay, hang_s=self.args.hang_timeout)
+        return self._outcome(ln, how, rec, where, "steady state")
+
+    def steady(self, ln, rec, where):
+        if self._steady_moment(ln, rec, where, self.args.steady_window):
+            self._kill(ln, rec, where)
+
+    def checkpoint(self, ln, rec, where):
+        """The next checkpoint of this launch (checkpoint.begin -> commit): kill 0-3 ms after its
+        `step_K.partial` appears, right after it is renamed to `step_K` (before `latest` names it),
+        or 0-5 ms after `latest` is replaced."""
+        rec["mode"] = mode = self.rng.choice(("partial", "renamed", "after_latest"))
+        how = wait(ln, until=lambda: bool(ln.steps), hang_s=self.args.hang_timeout)
+        if not self._outcome(ln, how, rec, where, "waiting for the first step line"):
+            return
+        ckdir = os.path.join(self.run_dir, "checkpoints")
+        ev = DirEvents.open(ckdir)
+        rec["watch"] = "inotify" if ev is not None else "poll"
+        base = ckpt_state(self.run_dir)      # stale names (a resume has cleaned up by now)
+        seen = {}
+        pinned = Pinned(ln.pid) if mode == "renamed" and ev is not None else None
+        if pinned is not None:
+            rec["spin"] = pinned.ok
+
+        def by_event():
+            for mask, name in ev.take():
+                if mode == "partial" and mask & ev.IN_CREATE and name.endswith(".partial"):
+                    seen["what"] = "partial"
+                elif mode == "renamed" and mask & ev.IN_MOVED_TO and _STEP_DIR.match(name):
+                    seen["what"] = "renamed_before_latest"
+                elif mask & ev.IN_MOVED_TO and name == "latest":
+                    seen["what"] = "latest_changed"
+                else:
+                    continue
+                return True
+            return False
+
+        def by_poll():
+            st = ckpt_state(self.run_dir)
+            new_dirs = [k for k in st["committed"] if k not in base["committed"]]
+            if mode == "partial" and set(st["partials"]) - set(base["partials"]):
+                seen["what"] = "partial"
+            elif mode == "renamed" and max(new_dirs, default=-1) > _step_of(st["latest"]):
+                seen["what"] = "renamed_before_latest"
+            elif st["latest"] != base["latest"]:
+                seen["what"] = "latest_changed"
+            else:
+                return False
+            return True
+
+        def renamed(mask, name):
+            if mask & DirEvents.IN_MOVED_TO and _STEP_DIR.match(name):
+                seen["what"] = "renamed_before_latest"
+            elif mask & DirEvents.IN_MOVED_TO and name == "latest":
+                seen["what"] = "latest_changed"
+            else:
+                return False
+            return True
+
+        try:
+            if pinned is not None and pinned.ok:
+                how = spin_until(ln, ev, renamed, self.args.hang_timeout)
+                if how == "killed":
+                    self._kill(ln, rec, where, sent=True)
+                    how = "event"
+            elif ev is not None:
+                how = wait(ln, until=by_event, hang_s=self.args.hang_timeout, poll_s=0.02,
+                           sleep=ev.sleep)
+            else:
+                how = wait(ln, until=by_poll, hang_s=self.args.hang_timeout, poll_s=CKPT_POLL_S,
+                           metrics_every=0.05)
+        finally:
+            if ev is not None:
+                ev.close()
+            if pinned is not None:
+                pinned.close()
+        if not self._outcome(ln, how, rec, where, "waiting for a checkpoint"):
+            return
+        delay = {"partial": 0.003, "renamed_before_latest": 0.0}.get(seen["what"], 0.005)
+        delay = self.rng.uniform(0.0, delay)
+        if not rec["killed"]:
+            _spin(delay)
+            if ln.proc.poll() is not None:
+                self._exited(ln, rec, where)
+                return
+            self._kill(ln, rec, where)
+        rec["seen"], rec["delay_s"] = seen["what"], round(delay, 4)
+        state = ckpt_state(self.run_dir)           # what the kill left on disk
+        rec["state_at_kill"] = {"partials": state["partials"], "latest": state["latest"],
+                                "newest_dir": max(state["committed"], default=None)}
+
+    def drain(self, ln, rec, where):
+        if not self._steady_moment(ln, rec, where, self.args.steady_window / 2):
+            return
+        window = self.args.drain_window or float(self.cfg.run.shutdown_timeout_s)
+        frac = self.rng.random()
+        rec["sigterm_at_s"], rec["kill_fraction"] = round(ln.elapsed(), 4), round(frac, 3)
+        t = time.monotonic()
+        os.kill(ln.pid, signal.SIGTERM)
+        how = wait(ln, deadline=t + frac * window, hang_s=max(self.args.hang_timeout, window + 5))
+        if how == "exited":
+            rec["drained_s"] = round(time.monotonic() - t, 3)
+            self._exited(ln, rec, where, allowed=DRAIN_EXIT)
+        elif how == "hang":
+            self._hang(ln, rec, where, "drain")
+        else:
+            late = time.monotonic() - t - (self.cfg.run.shutdown_timeout_s + 2.0)
+            if late > 0:               # only reachable with --drain-window > the shutdown budget
+                self.failures.append(f"{where}: still running {late:.1f} s past "
+                                     "run.shutdown_timeout_s + 2 s after SIGTERM")
+            self._kill(ln, rec, where)
+
+    def prep(self, i) -> dict:
+        """Recovery needs a checkpoint: run until the first one is named by `latest`, kill there."""
+        rec = {"phase": "prep", "killed": False, "children_alive_after_5s": 0}
+        where = f"round {i} (recovery prep)"
+        ln = self._launch(f"r{i}_prep")
+        how = wait(ln, until=lambda: latest_name(self.run_dir) is not None,
+                   hang_s=self.args.hang_timeout, poll_s=0.002)
+        if self._outcome(ln, how, rec, where, "waiting for a first checkpoint"):
+            self._kill(ln, rec, where)
+        self._finish(ln, rec)
+        return rec
+
+    def round(self, i, phase) -> dict:
+        rec = {"round": i, "phase": phase, "killed": False, "children_alive_after_5s": 0}
+        if phase == "recovery" and latest_name(self.run_dir) is None:
+            rec["prep"] = self.prep(i)
+        latest = latest_name(self.run_dir)
+        rec["resumed_launch"] = latest is not None
+        if _step_of(latest) >= self.cfg.run.total_steps:
+            self.warnings.append(f"round {i}: the run already reached its target; "
+                                 "raise run.total_steps for this many kills")
+        where = f"round {i} ({phase})"
+        ln = self._launch(f"r{i}_{phase}")
+        getattr(self, phase)(ln, rec, where)
+        self._finish(ln, rec)
+        if "mode" in rec:
+            where = f"round {i} ({phase}/{rec['mode']})"
+        if ln.steps:        # new step lines: the run dir must be consistent so far
+            c = check(self.run_dir, final=False)
+            rec["check_ok"] = c["ok"]
+            self.failures += [f"{where}: after the round: {f}" for f in c["failures"]]
+        return rec
+
+    def final(self) -> tuple[Launch, dict]:
+        rec = {"phase": "final", "killed": False}
+        ln = self._launch("final")
+        how = wait(ln, deadline=ln.mono0 + self.args.timeout, hang_s=self.args.hang_timeout,
+                   poll_s=0.02)
+        if how == "exited":
+            self._exited(ln, rec, "final resume")
+        elif how == "hang":
+            self._hang(ln, rec, "final resume", "final resume")
+        else:
+            rec["hang"] = True
+            kill_group(ln)
+            reap(ln, time.monotonic())
+            self.failures.append(f"final resume: hang: not done within --timeout {self.args.timeout:g} s "
+                                 f"(last step {ln.steps[-1]['step'] if ln.steps else None})")
+        self._finish(ln, rec)
+        return ln, rec
+
+
+def phase_plan(n: int, rng: random.Random, phases=PHASES) -> list[str]:
+    """Seeded permutations of `phases`, back to back: every window of len(phases) rounds that
+    starts at a multiple of it covers them all."""
+    plan: list[str] = []
+    while len(plan) < n:
+        block = list(phases)
+        rng.shuffle(block)
+        plan += block
+    return plan[:n]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/sim.yaml")
-    ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--kills", type=int, default=6, help="kill rounds before the final resume")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--min-delay", type=float, default=1.0, help="earliest kill after start (s)")
-    ap.add_argument("--max-delay", type=float, default=3.0, help="latest kill after start (s)")
-    ap.add_argument("--run-dir", default=None)
+    ap.add_argument("--phases", default=",".join(PHASES), help="comma list of phases to draw from")
+    ap.add_argument("--startup-window", type=float, default=0.6, help="startup kills land in 0..W s")
+    ap.add_argument("--steady-window", type=float, default=1.0,
+                    help="steady kills land 0..W s after the launch's first step line")
+    ap.add_argument("--drain-window", type=float, default=None,
+                    help="kill -9 a random fraction of W s after SIGTERM (default run.shutdown_timeout_s)")
+    ap.add_argument("--hang-timeout", type=float, default=60.0,
+                    help="a launch with no exit and no new step line for this long is a hang")
     ap.add_argument("--timeout", type=float, default=300.0, help="limit for the final resume (s)")
+    ap.add_argument("--run-dir", default=None)
+    ap.add_argument("--log-dir", default=None, help="stderr of every launch (default: a temp dir)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    rng = random.Random(args.seed)
-    run_dir = args.run_dir or tempfile.mkdtemp(prefix="kill_resume_")
-    rounds, pids = [], []
-    for _ in range(args.kills):
-        r = _kill_round(args.config, run_dir, args.overrides, rng.uniform(args.min_delay, args.max_delay))
-        rounds.append(r)
-        pids.append(r["pid"])
-    final = _launch(args.config, run_dir, args.overrides)
-    _, err = final.communicate(timeout=args.timeout)
-    pids.append(final.pid)
-    result = {"run_dir": run_dir, "rounds": rounds, "final_returncode": final.returncode}
-    if final.returncode != 0:
-        result["final_stderr"] = err.strip().splitlines()[-3:]
-    result.update(check(run_dir, pids) if final.returncode == 0 else {})
-    ok = (final.returncode == 0 and result["steps_contiguous"] and result["final_step_is_target"]
-          and result["bound_kept_on_resume"] and not result["shm_leftovers"]
-          and all(r.get("children_alive_after_5s", 0) == 0 for r in rounds))
-    result["ok"] = ok
+    result: dict = {"ok": False, "failures": []}
+    soak = None
+    try:
+        phases = tuple(p for p in args.phases.split(",") if p)
+        unknown = [p for p in phases if p not in PHASES]
+        if unknown or not phases:
+            raise ValueError(f"--phases: unknown {unknown}, choose from {PHASES}")
+        from orchestrator.config import load_config
+        cfg = load_config(args.config, [*args.overrides, *FORCED])
+        args.run_dir = os.path.abspath(args.run_dir or tempfile.mkdtemp(prefix="kill_resume_"))
+        args.log_dir = os.path.abspath(args.log_dir or tempfile.mkdtemp(prefix="kill_resume_logs_"))
+        os.makedirs(args.log_dir, exist_ok=True)
+        soak = Soak(args, cfg)
+        plan = phase_plan(args.kills, soak.rng, phases)
+        result.update(run_dir=args.run_dir, log_dir=args.log_dir, seed=args.seed, plan=plan)
+        rounds = result["rounds"] = []
+        for i, phase in enumerate(plan):
+            rounds.append(soak.round(i, phase))
+        final, frec = soak.final()
+        result["final"] = frec
+        result["final_returncode"] = final.proc.returncode
+        if final.proc.returncode != 0:
+            result["final_stderr"] = _tail(final.err_path)
+        launches = rounds + [r["prep"] for r in rounds if "prep" in r] + [frec]
+        result["resumes"] = sum(1 for r in launches if r.get("resumed_step") is not None)
+        pids = soak.pids if not frec.get("hang") else soak.pids[:-1]   # we killed that one
+        c = check(args.run_dir, pids, final=True)
+        soak.failures += [f"final check: {f}" for f in c.pop("failures")]
+        c.pop("ok")
+        result.update(c)
+        if result["resumes"] == 0:
+            soak.failures.append("no resume trained a step: every round died before a checkpoint "
+                                 "or the run finished first; nothing about recovery was tested")
+        result["warnings"] = soak.warnings
+    except Exception as exc:          # a bug in the soak itself is a failure, never a traceback
+        if soak is not None and soak.current is not None:
+            kill_group(soak.current)
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames[-4:]))
+        result["failures"].append(f"soak error: {type(exc).__name__}: {exc} (at {at})")
+    finally:
+        if soak is not None:
+            if soak.current is not None:
+                kill_group(soak.current)
+            for name in _segments_of(soak.pids):      # reported above; leave /dev/shm clean
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
+    if soak is not None:
+        result["failures"] = soak.failures + result["failures"]
+    result["ok"] = not result["failures"]
     print(json.dumps(result, indent=1))
-    return 0 if ok else 1
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":
