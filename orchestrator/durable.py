@@ -3,7 +3,8 @@
 Contract
 - `atomic_write(path, data)`: write `path.tmp`, fsync it, rename over `path`, fsync the directory.
   After it returns the new content survives a host crash; a crash before leaves the old content.
-- `fsync_dir(path)`: make a directory's entries (renames, creations, removals) durable.
+- `fsync_dir(path)`: make a directory's entries (renames, creations, removals) durable;
+  `sync_files(paths)`: make files written with durable=False (and their directories) durable.
 - `write_record(path, payload)` / `read_record(path)`: a record file is a 32-byte header (magic
   b"ARLREC\\0\\1", payload length u64, CRC32 of the payload u32, CRC32 of the header's first 20
   bytes u32, 8 zero bytes) then the payload. `read_record` checks length and both checksums and raises
@@ -91,12 +92,36 @@ def record_header(payload) -> bytes:
     return _HDR.pack(MAGIC, len(payload), crc, zlib.crc32(head))
 
 
-def write_record(path: str, payload) -> None:
-    """Atomically and durably write one checksummed record file."""
+def write_record(path: str, payload, durable: bool = True) -> None:
+    """Atomically write one checksummed record file; durably unless durable=False (then the
+    caller makes it durable later with `sync_files`, e.g. once per checkpoint)."""
     tmp = f"{path}.tmp"
-    _write_fsync(tmp, (record_header(payload), payload))
+    if durable:
+        _write_fsync(tmp, (record_header(payload), payload))
+    else:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(record_header(payload))
+                f.write(payload)
+        except OSError as exc:
+            raise disk_full(exc, tmp) from None
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def sync_files(paths) -> None:
+    """fsync files written with durable=False, then their directories."""
+    dirs = set()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dirs.add(os.path.dirname(os.path.abspath(path)))
+    for d in dirs:
+        fsync_dir(d)
 
 
 def read_record(path: str) -> memoryview:

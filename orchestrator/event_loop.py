@@ -23,7 +23,7 @@ import numpy as np
 from orchestrator import checkpoint, messages
 from orchestrator.channels import recv, send
 from orchestrator.config import Config
-from orchestrator.durable import write_record
+from orchestrator.durable import sync_files, write_record
 from orchestrator.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed
 from orchestrator.eval_sink import EvalSink
@@ -79,6 +79,7 @@ class EventLoop:
         self.pending_ckpt: dict[int, str] = {}    # requested, the trainer has not saved yet
         self.to_commit: dict[int, str] = {}       # saved, committed once its step lines are durable
         self.lines_written = start_step           # last step whose step line is written
+        self.unsynced: list[str] = []             # batch files not fsynced yet (synced at commit)
         self.redispatched: set[int] = set()       # request ids put back after a worker died
         self.last_ckpt = start_step
         self.abort = False
@@ -239,7 +240,9 @@ class EventLoop:
             step = self.built + 1
             batch, info = self.sink.take_batch(step, version=step - 1)
             record = bytes(encode(batch))
-            write_record(os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec"), record)
+            path = os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec")
+            write_record(path, record, durable=False)
+            self.unsynced.append(path)
             self.parked.append(Parked(step, record, info, time.monotonic()))
             self.built = step
             n += 1
@@ -367,12 +370,15 @@ class EventLoop:
             self._try_commit()
 
     def _try_commit(self) -> None:
-        """Commit saved checkpoints whose step lines are written, after making those lines durable:
-        a checkpoint never covers a step whose line a kill could still lose."""
+        """Commit saved checkpoints whose step lines are written, after making those lines and the
+        persisted batches durable: a checkpoint never covers a step whose line or batch a kill or a
+        host crash could still lose."""
         ready = [s for s in sorted(self.to_commit) if s <= self.lines_written]
         if not ready:
             return
         self.metrics.sync()
+        sync_files(self.unsynced)         # the batches it covers, too (one fsync per file, here)
+        self.unsynced.clear()
         for step in ready:
             checkpoint.commit(self.to_commit.pop(step))
             self.last_ckpt = max(self.last_ckpt, step)

@@ -51,13 +51,11 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import psutil
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -73,42 +71,6 @@ _STEP_DIR = re.compile(r"step_(\d+)\Z")
 
 
 # ---------------------------------------------------------------------------------------- files
-def read_metrics(run_dir) -> tuple[list[dict], list[int], int]:
-    """(records, indices of unparseable lines, number of lines) of metrics.jsonl."""
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except FileNotFoundError:
-        return [], [], 0
-    recs, bad = [], []
-    for i, line in enumerate(lines):
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError
-            recs.append(rec)
-        except ValueError:
-            bad.append(i)
-    return recs, bad, len(lines)
-
-
-def read_batch(path):
-    """A persisted batch: a checksummed record file, or (older runs) a bare codec record."""
-    from shm.codec import decode
-    try:
-        from orchestrator.durable import RecordError, read_record
-    except ImportError:               # a runtime from before record files
-        RecordError = read_record = None
-    if read_record is not None:
-        try:
-            return decode(read_record(path))
-        except RecordError as exc:
-            if "bad magic" not in str(exc):
-                raise
-    with open(path, "rb") as f:
-        return decode(f.read())
-
-
 def latest_name(run_dir) -> Optional[str]:
     try:
         with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
@@ -257,84 +219,15 @@ def _spin(seconds: float) -> None:
 
 # ---------------------------------------------------------------------------------------- checks
 def check(run_dir, pids=(), final=True) -> dict:
-    """Check the run directory (and /dev/shm for the supervisor `pids`). final=False: a run in
-    progress, steps 1..k for some k, no prompt trained twice so far. Returns the check fields plus
-    `failures` (strings) and `ok`."""
-    failures = []
-    cfg = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
-    target = int(cfg["run"]["total_steps"])
-    r = cfg["rollout"]
-    B, S, g = int(r["consumer_batch_size"]), int(r["max_head_offpolicyness"]), int(r.get("group_size", 1))
-    num_train = int(cfg.get("task", {}).get("num_train_prompts", 100000))
-    bound = (S + 1) * B
-    recs, bad, nlines = read_metrics(run_dir)
-    if [i for i in bad if i != nlines - 1]:          # a kill may cut the last line, nothing else
-        failures.append(f"metrics.jsonl has unparseable lines {[i + 1 for i in bad][:5]}")
-    steps = [x for x in recs if x.get("kind") == "step"]
-    numbers = [x.get("step") for x in steps]
-    contiguous = numbers == list(range(1, len(numbers) + 1))
-    if not contiguous:
-        dup = sorted(k for k, c in Counter(numbers).items() if c > 1)
-        gaps = sorted(set(range(1, max([n for n in numbers if isinstance(n, int)], default=0) + 1))
-                      - set(numbers))
-        failures.append(f"step lines not 1..k each once: duplicates {dup[:10]}, missing {gaps[:10]}, "
-                        f"order head {numbers[:5]}")
-    final_ok = bool(numbers) and numbers[-1] == target
-    if final and not final_ok:
-        failures.append(f"last step line is {numbers[-1] if numbers else None}, target {target}")
-    resumed = [x for x in steps if x.get("resumed")]
-    over = [(x["step"], x.get("admitted")) for x in resumed if not (x.get("admitted", 0) <= bound)]
-    if over:
-        failures.append(f"first step after resume admitted more than (S+1)*B={bound}: {over}")
-
-    # prompts: steps 1..k (k = the last contiguous step line)
-    k = target if final else (len(numbers) if contiguous else 0)
-    expected = Counter()
-    for index in range(target * B):
-        expected[index % num_train] += g
-    seen, batch_errors = Counter(), []
-    for step in range(1, k + 1):
-        path = os.path.join(run_dir, "batches", f"step_{step:08d}.rec")
-        try:
-            b = read_batch(path)
-        except FileNotFoundError:
-            batch_errors.append(f"step {step}: no batch file")
-            continue
-        except Exception as exc:                # RecordError, CodecError: a damaged batch
-            batch_errors.append(f"step {step}: {type(exc).__name__}: {exc}")
-            continue
-        n = len(b.offsets) - 1
-        if b.ident != step or b.version != step - 1 or n != B * g:
-            batch_errors.append(f"step {step}: ident {b.ident}, version {b.version}, {n} samples "
-                                f"(expected {step}, {step - 1}, {B * g})")
-        seen.update(int(i) for i in b.prompt_ids.tolist())
-    if batch_errors:
-        failures.append(f"batch files: {batch_errors[:5]}" + (f" (+{len(batch_errors) - 5})"
-                                                              if len(batch_errors) > 5 else ""))
-    twice = sorted(i for i, c in seen.items() if c > expected.get(i, 0))
-    missing = sorted(i for i, c in expected.items() if seen.get(i, 0) < c) if final else []
-    prompts_ok = not batch_errors and not twice and not missing
-    if twice:
-        failures.append(f"prompts trained more than once (or out of range): {twice[:10]}"
-                        + (f" (+{len(twice) - 10})" if len(twice) > 10 else ""))
-    if missing:
-        failures.append(f"prompts never trained: {missing[:10]}"
-                        + (f" (+{len(missing) - 10})" if len(missing) > 10 else ""))
+    """`orchestrator.audit.audit` of the run directory, plus no /dev/shm entry of the supervisor
+    `pids` left (final only)."""
+    from orchestrator.audit import audit
+    result = audit(run_dir, final=final)
     leftovers = _segments_of(pids) if final else []
     if leftovers:
-        failures.append(f"/dev/shm entries left: {leftovers[:10]}")
-    return {
-        "steps_contiguous": contiguous,
-        "final_step_is_target": final_ok,
-        "last_step": numbers[-1] if numbers else 0,
-        "bound_kept_on_resume": not over,
-        "resumed_steps": [x["step"] for x in resumed],
-        "resumed_admitted": [x.get("admitted") for x in resumed],
-        "prompts_exactly_once": prompts_ok,
-        "shm_leftovers": leftovers,
-        "failures": failures,
-        "ok": not failures,
-    }
+        result["failures"].append(f"/dev/shm entries left: {leftovers[:10]}")
+    result.update(shm_leftovers=leftovers, ok=not result["failures"])
+    return result
 
 
 # ---------------------------------------------------------------------------------------- launches

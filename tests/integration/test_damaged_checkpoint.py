@@ -1,7 +1,6 @@
 """Damaged files on the resume path: a checkpoint whose files are unreadable is skipped for the
 previous valid one with a warning line in the log; with none left the run exits 2 naming the file
 (and deletes nothing); damaged record files never decode into other arrays."""
-import os
 import shutil
 
 import pytest

@@ -1,7 +1,6 @@
 """Rings are sized from the config: a long-context batch (B=32 groups x 16 samples x ~8k tokens, ~55
 MB per batch record, beyond the old fixed 32 MiB batch ring) trains to the end; a config whose record
 could never fit any shared memory is refused at config time (exit 2, fields named, nothing created)."""
-import os
 import subprocess
 import sys
 from pathlib import Path

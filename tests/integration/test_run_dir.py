@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from tests.integration.lifecycle import (ROOT, error_lines, run, run_segments, start, steps,
-                                         wait_for_step)
+from tests.integration.lifecycle import ROOT, error_lines, run, start, steps, wait_for_step
 
 
 def test_second_launch_on_a_live_run_dir_exits_2_naming_the_holder(tmp_path):

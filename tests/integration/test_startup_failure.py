@@ -3,8 +3,6 @@
 import json
 import time
 
-import pytest
-
 from tests.integration.lifecycle import all_gone, descendants, run_segments, start
 
 
