@@ -58,7 +58,12 @@ def test_signal_during_resume_recovery_with_a_slow_reload(tmp_path):
     assert run(tmp_path, "run.total_steps=5").returncode == 0
     proc = _start(tmp_path, "run.total_steps=10", "run.resume=must",
                   "inference.sim.reload_delay_s=30")
-    deadline = time.monotonic() + 30           # wait until the resume is reloading weights
+    pids = tmp_path / "logs" / "pids.json"
+    before = pids.read_text()
+    deadline = time.monotonic() + 30           # the resumed run's workers are spawned
+    while time.monotonic() < deadline and pids.read_text() == before:
+        time.sleep(0.02)
+    deadline = time.monotonic() + 5            # and reloading weights (30 s each)
     while time.monotonic() < deadline and "reloading weights" not in _log(tmp_path):
         time.sleep(0.02)
     _signal_and_check(proc, signal.SIGTERM, settle=0.3)
