@@ -64,7 +64,7 @@ class RunConfig(_Section):
     resume: Literal["auto", "never", "must"] = Field("auto", description="auto: resume if a checkpoint exists; must: fail if none")
     seed: int = Field(0, ge=0, le=(1 << 63) - 1, description="seed for prompts, sampling and the sim "
                       "backends (a non-negative int64: numpy seed sequences refuse negative seeds)")
-    shutdown_timeout_s: float = Field(10.0, gt=0, le=3600.0, description="drain window + terminate + "
+    shutdown_timeout_s: float = Field(10.0, gt=0, le=3600.0, description="drain window + shutdown + "
                                       "kill budget on SIGINT/SIGTERM (<= 1 h: shutdown must be bounded)")
     checkpoint_every: int = Field(10, ge=0, le=MAX_STEPS,
                                   description="checkpoint every N steps (0: only at the end)")

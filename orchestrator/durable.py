@@ -55,13 +55,14 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_fsync(path: str, chunks) -> None:
+def _write(path: str, chunks, durable: bool) -> None:
     try:
         with open(path, "wb") as f:
             for c in chunks:
                 f.write(c)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
     except OSError as exc:
         try:
             os.unlink(path)
@@ -70,20 +71,18 @@ def _write_fsync(path: str, chunks) -> None:
         raise disk_full(exc, path) from None
 
 
-def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
-    """Replace `path` with `data` atomically (and durably unless durable=False)."""
+def _replace(path: str, chunks, durable: bool) -> None:
+    """Write `path.tmp`, rename it over `path`; with durable, fsync the file and the directory."""
     tmp = f"{path}.tmp"
-    if durable:
-        _write_fsync(tmp, (data,))
-    else:
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-        except OSError as exc:
-            raise disk_full(exc, tmp) from None
+    _write(tmp, chunks, durable)
     os.replace(tmp, path)
     if durable:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` atomically (and durably unless durable=False)."""
+    _replace(path, (data,), durable)
 
 
 def record_header(payload) -> bytes:
@@ -95,19 +94,7 @@ def record_header(payload) -> bytes:
 def write_record(path: str, payload, durable: bool = True) -> None:
     """Atomically write one checksummed record file; durably unless durable=False (then the
     caller makes it durable later with `sync_files`, e.g. once per checkpoint)."""
-    tmp = f"{path}.tmp"
-    if durable:
-        _write_fsync(tmp, (record_header(payload), payload))
-    else:
-        try:
-            with open(tmp, "wb") as f:
-                f.write(record_header(payload))
-                f.write(payload)
-        except OSError as exc:
-            raise disk_full(exc, tmp) from None
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(os.path.dirname(os.path.abspath(path)))
+    _replace(path, (record_header(payload), payload), durable)
 
 
 def sync_files(paths) -> None:

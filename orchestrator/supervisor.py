@@ -3,12 +3,13 @@
 `Supervisor(cfg, run_dir).run()` sweeps segments of dead runs, creates every shm object (named
 `arl_<run_id>_*`), spawns the trainer and inference workers (spawn start method, disjoint devices),
 waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
-the metrics thread, and frees everything in one `finally`: Shutdown message -> join -> terminate ->
-kill, then close and unlink every segment. A dead inference worker is restarted on fresh rings (its
-prompts re-dispatched by the event loop) or fails the run, per `inference.on_worker_death`; a dead
-trainer fails the run. SIGINT/SIGTERM stop admission and open a drain window (half of
-`run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a checkpoint is taken);
-then workers are terminated and killed, all within `run.shutdown_timeout_s` plus a small constant.
+the metrics thread, and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
+(workers ignore SIGTERM), then close and unlink every segment. A dead inference worker is restarted
+on fresh rings (its prompts re-dispatched by the event loop) or fails the run, per
+`inference.on_worker_death`; a dead trainer fails the run. SIGINT/SIGTERM stop admission and open a
+drain window (half of `run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a
+checkpoint is taken); then workers are told to shut down and killed, all within
+`run.shutdown_timeout_s` plus a small constant.
 Processes are only ever spawned from the main thread (PR_SET_PDEATHSIG is tied to the spawning
 thread). Every wait has a timeout.
 
