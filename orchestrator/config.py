@@ -62,6 +62,10 @@ class RunConfig(_Section):
     total_steps: int = Field(50, ge=1, le=MAX_STEPS, description="trainer steps to run; the loop drains "
                              "at this target (<= 99,999,999: batch files are named step_%08d)")
     resume: Literal["auto", "never", "must"] = Field("auto", description="auto: resume if a checkpoint exists; must: fail if none")
+    resume_step: Optional[int] = Field(
+        None, ge=1, le=MAX_STEPS, description="roll back: resume from the checkpoint of exactly this "
+        "step (it must exist and be valid) and delete the checkpoints after it; None: the newest "
+        "valid checkpoint; give it for one launch only: every launch with it rolls back again)")
     seed: int = Field(0, ge=0, le=(1 << 63) - 1, description="seed for prompts, sampling and the sim "
                       "backends (a non-negative int64: numpy seed sequences refuse negative seeds)")
     shutdown_timeout_s: float = Field(10.0, gt=0, le=3600.0, description="drain window + shutdown + "

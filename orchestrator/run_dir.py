@@ -11,6 +11,7 @@ one line naming the path or field) when:
 - no checkpoint is valid but some exist (damaged: they are never deleted silently), or
   `run.resume=must` finds none;
 - the checkpoint cannot serve this config (`RESUME_FIXED` fields differ: both values named);
+- `run.resume_step` names no valid checkpoint (a roll-back: checkpoints after it are deleted);
 - metrics.jsonl lacks step lines that the checkpoint covers.
 On resume from step k it picks the newest valid checkpoint (`checkpoint.find_resumable`; damaged
 ones are skipped with a warning in `plan.warnings`), drops a line cut by a kill and metrics lines
@@ -211,6 +212,18 @@ def _remove_after(directory: str, step: int) -> None:
             os.remove(os.path.join(directory, name))
 
 
+def _roll_back(run_dir: str, step: int, found: checkpoint.Found) -> None:
+    """run.resume_step: the checkpoint of exactly `step` must be valid; later ones are deleted so
+    that no later resume jumps forward again."""
+    if found.path is None or int(found.state["step"]) != step:
+        why = f" ({found.skipped[0]})" if found.skipped else ""
+        raise RunDirError(f"run.resume_step={step}: run.dir '{run_dir}' has no valid checkpoint of "
+                          f"step {step}{why}")
+    for later, path in checkpoint.committed(run_dir):
+        if later > step:
+            shutil.rmtree(path)
+
+
 def prepare_run_dir(cfg: Config) -> RunPlan:
     if not cfg.run.dir.strip():
         raise RunDirError("invalid config field 'run.dir': must not be empty")
@@ -228,7 +241,12 @@ def prepare_run_dir(cfg: Config) -> RunPlan:
 
 def _plan(cfg: Config, run_dir: str) -> RunPlan:
     ckdir = os.path.join(run_dir, "checkpoints")
-    found = checkpoint.find_resumable(run_dir) if cfg.run.resume != "never" else checkpoint.Found(None, None)
+    if cfg.run.resume == "never":
+        found = checkpoint.Found(None, None)
+    else:
+        found = checkpoint.find_resumable(run_dir, at_most=cfg.run.resume_step)
+    if cfg.run.resume_step is not None and cfg.run.resume != "never":
+        _roll_back(run_dir, cfg.run.resume_step, found)
     warnings = [f"skipped damaged checkpoint: {s}" for s in found.skipped]
     if found.path is None and found.skipped:
         raise RunDirError(f"no valid checkpoint in run.dir '{run_dir}': {found.skipped[0]}"

@@ -59,3 +59,16 @@ def test_rolled_back_latest_and_a_stale_partial(tmp_path):
     (tmp_path / "checkpoints" / "latest").write_text("step_00000005")
     _finish_and_check(tmp_path, 15)
     assert [r["step"] for r in steps(tmp_path) if r["resumed"]] == [6]
+
+
+def test_roll_back_with_resume_step(tmp_path):
+    # the explicit way back: resume from step 5, later checkpoints dropped, steps and prompts once
+    assert run(tmp_path, "run.total_steps=15", *COMMON).returncode == 0
+    out = run(tmp_path, "run.total_steps=20", "run.resume=must", "run.resume_step=5", *COMMON)
+    assert out.returncode == 0, out.stderr
+    assert [r["step"] for r in steps(tmp_path) if r["resumed"]] == [6]
+    assert [r["step"] for r in steps(tmp_path)] == list(range(1, 21))
+    assert trained_prompt_ids(tmp_path, 20) == list(range(20 * 8))
+    bad = run(tmp_path, "run.total_steps=25", "run.resume=must", "run.resume_step=7", *COMMON)
+    assert bad.returncode == 2 and "run.resume_step=7" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
