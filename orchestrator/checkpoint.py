@@ -2,9 +2,9 @@
 
 A checkpoint at step k is written to `checkpoints/step_k.partial/` (supervisor.json: step, gate
 counters, prompt cursor, prompts to redo, the resolved config; rollouts.rec: finished-but-untrained
-rollout groups as a checksummed record file; the trainer writes trainer/ into it). `commit` then
-fsyncs every file the trainer wrote, writes MANIFEST.json (size and CRC32 of every file) last,
-renames the directory to `step_k/` (replacing whatever a killed commit or a rolled-back run left
+rollout groups as a checksummed record file; the trainer writes trainer/ into it), none of it
+fsynced yet. `commit` then fsyncs every file in it, writes MANIFEST.json (size and CRC32 of every
+file) last, renames the directory to `step_k/` (replacing whatever a killed commit or a rolled-back run left
 under that name) and names it in `checkpoints/latest`; every rename is followed by an fsync of
 its directory, so a host crash leaves either the old or the new checkpoint.
 
@@ -69,10 +69,10 @@ def write_state(tmp: str, state: dict, finished: list[tuple[int, Sequences]]) ->
     """`finished`: (prompt stream index, group) of every finished-but-untrained rollout."""
     if finished:
         groups = [g for _, g in finished]
-        write_record(os.path.join(tmp, ROLLOUTS),
-                     encode(concat(groups, kind=0, ident=state["step"], version=-1)))
+        write_record(os.path.join(tmp, ROLLOUTS),          # fsynced by commit, with the rest
+                     encode(concat(groups, kind=0, ident=state["step"], version=-1)), durable=False)
     state = dict(state, reuse=[[index, g.n] for index, g in finished])
-    atomic_write(os.path.join(tmp, STATE), json.dumps(state).encode())
+    atomic_write(os.path.join(tmp, STATE), json.dumps(state).encode(), durable=False)
 
 
 def _crc(path: str) -> int:

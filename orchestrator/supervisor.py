@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator import messages
-from orchestrator.channels import REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send
+from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send,
+                                   weight_nbytes)
 from orchestrator.config import Config
-from orchestrator.checkpoint import atomic_write
+from orchestrator.durable import atomic_write
 from orchestrator.errors import Interrupted, RunFailed
 from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread
@@ -173,7 +174,8 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         self.procs[(spec.role, spec.index)] = p
         pids = {f"{r}{i}": q.pid for (r, i), q in self.procs.items()}
-        atomic_write(os.path.join(self.run_dir, "logs", "pids.json"), json.dumps(pids).encode())
+        atomic_write(os.path.join(self.run_dir, "logs", "pids.json"), json.dumps(pids).encode(),
+                     durable=False)           # for people and tests, not on the resume path
 
     def _wait_ready(self, res: Resources) -> None:
         rings = {("trainer", 0): res.trainer_ctl}
@@ -296,6 +298,10 @@ class Supervisor:
         if self.loop is not None:
             self.loop.stop_requested = True
 
+    @property
+    def _phase(self) -> str:
+        return "resume recovery" if self.start_step else "startup"
+
     def _check_stop(self, where: str) -> None:
         if self._stop.is_set():
             raise Interrupted(self._signal or signal.SIGTERM, where)
@@ -316,7 +322,7 @@ class Supervisor:
         try:
             try:        # task and model files are input: a broken one is exit 2
                 task = build_task(cfg)
-                nbytes = self._weight_nbytes()
+                nbytes = weight_nbytes(cfg)
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
@@ -337,7 +343,7 @@ class Supervisor:
             self.loop.stop_requested = self._stop.is_set()
             if self.start_step:
                 self._recover(res)
-            self._check_stop("resume recovery" if self.start_step else "startup")
+            self._check_stop(self._phase)
             mthread = MetricsThread(metrics, self.loop.snapshot, cfg.metrics.interval_s)
             mthread.start()
             return self._event_thread(res, mthread)
@@ -345,7 +351,7 @@ class Supervisor:
             if self._stop.is_set() and not isinstance(exc, Interrupted) and mthread is None:
                 log.warning("after the stop signal: %s", exc)   # e.g. a worker hit by the signal
                 raise Interrupted(self._signal or signal.SIGTERM,
-                                  "resume recovery" if self.start_step else "startup") from None
+                                  self._phase) from None
             raise
         finally:
             if mthread is not None:
@@ -357,10 +363,6 @@ class Supervisor:
             self._stop_procs(res, deadline)
             free_resources(res)
             metrics.close()
-
-    def _weight_nbytes(self) -> int:
-        from orchestrator.channels import weight_nbytes
-        return weight_nbytes(self.cfg)
 
     def _await(self, ring, kind, accept, what: str):
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
