@@ -26,7 +26,8 @@ def test_gpu_run_gives_disjoint_devices_plus_trainer_gpu_for_ipc():
     assert cfg.gpu_weights
     assert [s.devices for s in inf] == [("0", "2"), ("1", "2")]
     assert tr.devices == ("2",)
-    assert sup._weight_nbytes() == 1 << 16          # the CPU buffer carries IPC handles only
+    from orchestrator.channels import weight_nbytes
+    assert weight_nbytes(cfg) == 1 << 16            # the CPU buffer carries IPC handles only
 
 
 def test_overlapping_devices_are_a_config_error():
