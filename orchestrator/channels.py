@@ -6,9 +6,10 @@ semaphore lets the supervisor's event thread sleep while every worker->superviso
 a worker rings it after each put.
 
 Sizes come from the config, never from guesses: `ring_sizes(cfg) -> RingSizes` bounds the largest
-record each ring carries (a rollout group: rollout.group_size samples of at most
-`max_prompt_tokens(cfg) + max_completion_tokens(cfg)` tokens; a training batch:
-rollout.consumer_batch_size such groups; a Generate message of the longest prompt) and makes every
+record each ring carries (a rollout group: rollout.group_size samples, or eval.samples_per_prompt
+when larger, of at most `max_prompt_tokens(cfg) + max_completion_tokens(cfg)` tokens, or of the
+loaded prompt set's longest prompt; a training batch: rollout.consumer_batch_size groups of
+rollout.group_size; a Generate message of the longest prompt) and makes every
 ring hold its largest record (the out ring OUT_RING_GROUPS of them, the request ring
 REQ_RING_PROMPTS prompts), never below the fixed minimums, so small configs get exactly those.
 `weight_nbytes(cfg)` is the weight buffer's size (the supervisor creates it with this; importing
@@ -18,6 +19,7 @@ run takes, by part (preflight compares it with the free space).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import posix_ipc
 
@@ -54,10 +56,16 @@ class RingSizes:
 
 
 def max_prompt_tokens(cfg) -> int:
-    """Longest prompt of the configured task (ValueError naming task.name if there is none)."""
+    """Longest prompt of the configured task, known without loading data: sim, a digit task, or
+    `task.max_prompt_tokens` (ValueError naming the field otherwise: pass the loaded set's)."""
     if cfg.task.name == "sim":
         return cfg.inference.sim.prompt_tokens
-    from orchestrator.task import max_prompt_tokens as digit_prompt_tokens
+    if cfg.task.dataset is not None:
+        if cfg.task.max_prompt_tokens is None:
+            raise ValueError("task.dataset without task.max_prompt_tokens: the longest prompt is "
+                             "known once the dataset is loaded")
+        return cfg.task.max_prompt_tokens
+    from orchestrator.data.digits import max_prompt_tokens as digit_prompt_tokens
     return digit_prompt_tokens(cfg.task.name)
 
 
@@ -69,17 +77,20 @@ def max_completion_tokens(cfg) -> int:
     return n
 
 
-def ring_sizes(cfg) -> RingSizes:
+def ring_sizes(cfg, prompt_tokens: Optional[int] = None) -> RingSizes:
+    """`prompt_tokens`: the loaded prompt set's longest prompt (default: `max_prompt_tokens(cfg)`)."""
     from shm.codec import MAX_SCALARS, record_size
     from shm.ring import Ring
 
-    P, N = max_prompt_tokens(cfg), max_completion_tokens(cfg)
+    P = max_prompt_tokens(cfg) if prompt_tokens is None else int(prompt_tokens)
+    N = max_completion_tokens(cfg)
     G, B = cfg.rollout.group_size, cfg.rollout.consumer_batch_size
-    group = record_size(G, G * (P + N), MAX_SCALARS)
+    widest = max(G, cfg.eval.samples_per_prompt if cfg.eval.every_steps else 1)   # an eval group
+    group = record_size(widest, widest * (P + N), MAX_SCALARS)
     batch = record_size(B * G, B * G * (P + N), MAX_SCALARS)
     generate = len(messages.encode(messages.Generate(
-        request_id=_I64, prompt_id=_I64, prompt_tokens=[_TOKEN] * P, n=G, max_new_tokens=N,
-        temperature=1.0, eval=True)))
+        request_id=_I64, prompt_id=_I64, prompt_tokens=[_TOKEN] * P, n=widest, max_new_tokens=N,
+        temperature=1.0, eval=True, row=_I64)))
 
     def cap(minimum: int, records: int, nbytes: int) -> int:
         need = records * Ring.record_space(nbytes)

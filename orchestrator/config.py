@@ -233,11 +233,65 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: str = Field("sim", description="task with a verifiable reward (see orchestrator/task.py)")
+    """What to train on: a built-in task generated in code, or a dataset with a reward function."""
+    name: str = Field("sim", description="built-in task: copy2, copy3, reverse2, reverse3, first3, "
+                      "add1 (digit tasks, orchestrator/data/digits.py) or sim (random prompts for the "
+                      "sim backends); 'dataset' (implied by task.dataset) for your own data")
+    dataset: Optional[str] = Field(None, description="training prompts: a .jsonl/.json file, a "
+                                   ".parquet file, or a `datasets` save_to_disk directory (loaded "
+                                   "with the `datasets` library, memory-mapped, offline)")
+    eval_dataset: Optional[str] = Field(None, description="eval prompts, same formats (needed for "
+                                        "eval.every_steps with task.dataset)")
+    prompt_field: str = Field("prompt", min_length=1, description="the column holding the prompt: "
+                              "a string, or a list of chat messages ({role, content})")
+    answer_field: str = Field("answer", min_length=1, description="the column the built-in rewards "
+                              "compare against (exact_match, math_answer, digits)")
+    reward: Optional[str] = Field(None, min_length=1, description="built-in name (exact_match, "
+                                  "math_answer, digits), 'path/to/file.py:fn' or 'package.module:fn'; "
+                                  "fn(completion_text, row, completion_ids) -> float; None: the "
+                                  "built-in task's own reward (required with task.dataset)")
+    system_prompt: Optional[str] = Field(None, description="system turn put before every chat "
+                                         "prompt that has none (needs chat rendering)")
+    apply_chat_template: bool = Field(False, description="wrap plain-string prompts as one user turn "
+                                      "and render them with the model's chat template (lists of "
+                                      "messages always are); false: strings are tokenized as given")
+    max_prompt_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS, description="longest prompt "
+                                             "in tokens; longer ones are handled per "
+                                             "task.overlong_prompts. None: the dataset's longest")
+    overlong_prompts: Literal["filter", "error"] = Field("filter", description="prompts longer than "
+                                                         "task.max_prompt_tokens: filter (dropped at "
+                                                         "load and counted) or error (exit 2)")
+    reward_workers: int = Field(4, ge=1, le=256, description="reward threads per inference worker "
+                                "(rewards run off the decode loop; <= 256)")
+    reward_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="one reward call's "
+                                    "time limit (<= 1 day)")
+    reward_on_error: Literal["fail", "zero"] = Field("fail", description="a reward that raises, "
+                                                     "times out or returns a non-finite value: fail "
+                                                     "(exit 2 naming the function and the row) or "
+                                                     "zero (score 0, counted as reward_errors in the "
+                                                     "step line)")
     num_train_prompts: int = Field(100000, ge=1, le=1 << 62,
-                                   description="size of the training prompt stream (prompt ids are int64)")
-    num_eval_prompts: int = Field(64, ge=1, le=MAX_COUNT, description="held-out eval prompts (<= 1M: "
-                                  "an eval round dispatches them all at once)")
+                                   description="size of the training prompt stream (prompt ids are "
+                                   "int64); it walks seeded permutations of the prompts, epoch by epoch")
+    num_eval_prompts: Optional[int] = Field(None, ge=1, le=MAX_COUNT, description="eval prompts (a "
+                                            "seeded choice; <= 1M: an eval round dispatches them all "
+                                            "at once). None: 64 held out of a digit task, or every "
+                                            "prompt of task.eval_dataset")
+
+    @model_validator(mode="after")
+    def _dataset_or_builtin(self) -> "TaskConfig":
+        if self.dataset is not None:
+            if "name" not in self.model_fields_set:
+                object.__setattr__(self, "name", "dataset")
+            elif self.name != "dataset":
+                raise ValueError(f"task.name={self.name!r} and task.dataset are exclusive (task.name "
+                                 f"is 'dataset' for your own data)")
+            if self.reward is None:
+                raise ValueError("task.dataset needs task.reward (a built-in name, 'file.py:fn' or "
+                                 "'module:fn')")
+        elif self.name == "dataset":
+            raise ValueError("task.name='dataset' needs task.dataset")
+        return self
 
 
 class RolloutConfig(_Section):
@@ -264,6 +318,7 @@ class RolloutConfig(_Section):
 class EvalConfig(_Section):
     every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="run the eval set every N steps (0: off)")
     temperature: float = Field(1.0, gt=0, description="eval sampling temperature")
+    samples_per_prompt: int = Field(1, ge=1, le=65536, description="eval samples per prompt (<= 65536)")
 
 
 class MetricsConfig(_Section):
@@ -304,6 +359,13 @@ class Config(_Section):
         if self.actor.backend == "sim" and self.actor.device != "cpu":
             raise ValueError(f"actor.device={self.actor.device!r} with actor.backend sim: the sim "
                              f"trainer uses no device (actor.device must be 'cpu')")
+        task = self.task
+        if task.dataset is not None and inf.backend == "sim":
+            raise ValueError("task.dataset with inference.backend sim: the sim backend generates no "
+                             "text to reward (use torch or vllm)")
+        if task.dataset is not None and self.eval.every_steps and task.eval_dataset is None:
+            raise ValueError(f"eval.every_steps={self.eval.every_steps} with task.dataset needs "
+                             f"task.eval_dataset (or eval.every_steps=0)")
         if len(devices) != len(inf.devices):
             twice = next(d for d in inf.devices if inf.devices.count(d) > 1)
             raise ValueError(f"inference.devices lists device {twice!r} twice (one inference worker "

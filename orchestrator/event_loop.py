@@ -201,28 +201,29 @@ class EventLoop:
             needed = self.target_accepted - (s["accepted"] + s["running"] + s["enqueued"])
             if needed <= 0 or self.gate.capacity() <= 0:
                 break
-            index, pid, tokens = self.cursor.next()
+            index, pid, tokens, row = self.cursor.next()
             rid = self.next_request
             self.next_request += 1
             self.request_index[rid] = index
             self.gate.on_enqueued()
             self.dispatcher.enqueue(messages.Generate(
                 request_id=rid, prompt_id=pid, prompt_tokens=tokens.tolist(), n=r.group_size,
-                max_new_tokens=r.max_new_tokens, temperature=r.temperature))
+                max_new_tokens=r.max_new_tokens, temperature=r.temperature, row=row))
             n += self._pump()
         return n
 
     def start_eval(self, step: int) -> None:
         ids = []
-        for pid, tokens in self.task.eval_prompts():
+        for pid, tokens, row in self.task.eval_prompts():
             rid = self.next_request
             self.next_request += 1
             ids.append(rid)
             self.dispatcher.enqueue(messages.Generate(
-                request_id=rid, prompt_id=pid, prompt_tokens=np.asarray(tokens).tolist(), n=1,
-                max_new_tokens=self.cfg.rollout.max_new_tokens,
-                temperature=self.cfg.eval.temperature, eval=True))
-        self.eval_sink.start(step, ids)
+                request_id=rid, prompt_id=pid, prompt_tokens=np.asarray(tokens).tolist(),
+                n=self.cfg.eval.samples_per_prompt, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                temperature=self.cfg.eval.temperature, eval=True, row=row))
+        if ids:
+            self.eval_sink.start(step, ids)
 
     # ------------------------------------------------------------------ sinks
     def consume(self) -> int:
@@ -329,7 +330,8 @@ class EventLoop:
             trainable=info.trainable, trainable_tokens=info.trainable_tokens,
             out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
             parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
-            reward_mean=info.reward_mean, loss=done.stats.get("loss"),
+            reward_mean=info.reward_mean, reward_errors=info.reward_errors,
+            loss=done.stats.get("loss"),
             resumed=first_after_resume,
             train_s=done.train_s, groups=info.groups,
             spanning=sum(1 for st in stamps if st is not None and st.spans_versions),

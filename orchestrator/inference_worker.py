@@ -1,14 +1,14 @@
 """Inference worker process: prompts in, rollout groups out, weight reloads between steps.
 
 Main loop: poll the request ring (Generate / LoadWeights / Abort / Shutdown, in supervisor order)
--> one backend step -> emit finished groups (rewards filled by the task) -> check the parent.
+-> one backend step -> hand finished groups to the reward pool (threads: a slow reward never stalls
+decoding) -> emit the scored ones -> check the parent. A bad reward (`BadEnvOutput`) fails the run
+with exit 2.
 Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
 supervisor's weight watcher can bump the shared policy version.
 """
 from __future__ import annotations
 
-import math
-import numbers
 import os
 
 import numpy as np
@@ -21,30 +21,7 @@ from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
 
 IDLE_WAIT_S = 0.05
 PUT_TIMEOUT_S = 60.0
-
-
-class BadEnvOutput(ValueError):
-    pass
-
-
-def _fill_rewards(seqs, task, is_eval: bool) -> None:
-    """Rewards from the task. A reward function that raises, or returns anything but a finite real
-    number (Python or numpy scalar; not a bool), is bad environment output (exit 2)."""
-    name = getattr(task, "name", type(task).__name__)
-    for i in range(seqs.n):
-        sl = seqs.seq(i)
-        completion = seqs.tokens[sl][seqs.prompt_lens[i]:]
-        pid = int(seqs.prompt_ids[i])
-        try:
-            r = task.reward(pid, completion, is_eval)
-        except Exception as exc:
-            raise BadEnvOutput(f"reward function of task {name!r} raised for prompt {pid}: "
-                               f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
-        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (numbers.Real, np.number)) \
-                or not math.isfinite(float(r)):
-            raise BadEnvOutput(f"reward function of task {name!r} returned {r!r} for prompt {pid}, "
-                               f"not a finite number")
-        seqs.rewards[i] = float(r)
+REWARD_POLL_S = 0.002         # how often scored groups are looked for while rewards run
 
 
 def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
@@ -54,7 +31,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from orchestrator.backends.factory import build_inference
 
     cfg = Config.model_validate(spec.config)
-    backend, task = build_inference(cfg, spec.index, spec.gen, spec.start_step)
+    backend, rewards = build_inference(cfg, spec.index, spec.gen, spec.start_step)
     nbytes = backend.weight_nbytes()
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))
@@ -73,7 +50,11 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
         backend.load_weights(got, memoryview(flat)[:nbytes])
         return got
 
-    evals: dict[int, bool] = {}
+    reqs: dict[int, tuple[bool, int]] = {}        # request id -> (eval, dataset row)
+
+    def emit(seqs) -> None:
+        out.put(encode(seqs), timeout=PUT_TIMEOUT_S)
+        ctx.bell.ring()
     ctx.send(messages.Ready(role="inference", index=spec.index, pid=os.getpid(),
                             weight_nbytes=nbytes))
     try:
@@ -81,10 +62,12 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             hint = backend.wait_hint() if hasattr(backend, "wait_hint") else (
                 0.0 if backend.num_active() else None)
             wait = IDLE_WAIT_S if hint is None else min(hint, IDLE_WAIT_S)
+            if rewards is not None and rewards.busy():
+                wait = min(wait, REWARD_POLL_S)
             msg = recv(req, timeout=wait)
             while msg is not None:
                 if isinstance(msg, messages.Generate):
-                    evals[msg.request_id] = msg.eval
+                    reqs[msg.request_id] = (msg.eval, msg.row)
                     backend.add(GenRequest(msg.request_id, msg.prompt_id,
                                            np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
                                            msg.max_new_tokens, msg.temperature, msg.eval))
@@ -95,20 +78,26 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     ctx.send(messages.WeightsLoaded(index=spec.index, version=got))
                 elif isinstance(msg, messages.Abort):
                     backend.abort(msg.request_id)
-                    evals.pop(msg.request_id, None)
+                    reqs.pop(msg.request_id, None)
                 elif isinstance(msg, messages.Shutdown):
                     return
                 msg = recv(req, timeout=0.0)
             for res in backend.step(0.0):
-                is_eval = evals.pop(res.request_id, False)
+                is_eval, row = reqs.pop(res.request_id, (False, -1))
                 seqs = res.sequences
                 seqs.kind = 1 if is_eval else 0
-                if task is not None:      # BadEnvOutput propagates: the run stops with exit 2
-                    _fill_rewards(seqs, task, is_eval)
-                out.put(encode(seqs), timeout=PUT_TIMEOUT_S)
-                ctx.bell.ring()
+                if rewards is None:
+                    emit(seqs)
+                else:
+                    rewards.submit(seqs, row, is_eval)
+            if rewards is not None:       # BadEnvOutput propagates: the run stops with exit 2
+                idle = not backend.num_active()       # then groups finished together leave together
+                for seqs in rewards.ready(IDLE_WAIT_S if idle else 0.0):
+                    emit(seqs)
             ctx.check_parent()
     finally:
+        if rewards is not None:
+            rewards.close()
         backend.close()
         for r in (req, out):
             r.close()

@@ -1,8 +1,8 @@
 """Entry point: `python -m orchestrator.launch [--config PATH] [key=value ...]`.
 
 With no arguments it runs the embedded default job (`configs/default.yaml`). Exit codes: 0 success;
-2 bad configuration or input (one line naming the field, no traceback, nothing started, nothing in
-/dev/shm); 1 any other failure (message + log path); 128+signal when stopped by SIGINT/SIGTERM
+2 bad configuration or input (config, model directory, datasets, reward function: one line naming
+the field, no traceback, nothing started, nothing in /dev/shm); 1 any other failure (message + log path); 128+signal when stopped by SIGINT/SIGTERM
 before the target, at any moment from the first instant (startup and resume recovery included).
 One launch holds run.dir at a time (run.lock). This module stays light: workers re-import it under
 the spawn start method.
@@ -38,15 +38,18 @@ def main(argv=None, stop=None) -> int:
 def _main(argv, stop) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     from orchestrator.config import ConfigError, load_config
+    from orchestrator.data.tokens import DataError
     from orchestrator.preflight import check_machine
+    from orchestrator.prompts import build_task
     from orchestrator.durable import disk_full, is_disk_full
     from orchestrator.run_dir import RunDirError, prepare_run_dir
 
     try:
         cfg = load_config(args.config, args.overrides)
-        check_machine(cfg)
+        task = build_task(cfg)          # tokenizer, datasets, reward: bad input fails here
+        check_machine(cfg, task.max_prompt_tokens)
         plan = prepare_run_dir(cfg)
-    except (ConfigError, RunDirError) as exc:
+    except (ConfigError, RunDirError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -55,12 +58,12 @@ def _main(argv, stop) -> int:
         print(f"error: {disk_full(exc, cfg.run.dir)}", file=sys.stderr)
         return 1
     try:
-        return _run(cfg, plan, stop)
+        return _run(cfg, plan, stop, task)
     finally:
         plan.lock.release()
 
 
-def _run(cfg, plan, stop) -> int:
+def _run(cfg, plan, stop, task) -> int:
     if plan.complete:
         from shm.segments import sweep_dead
         sweep_dead()            # a run killed after its last checkpoint still leaves segments
@@ -82,9 +85,12 @@ def _run(cfg, plan, stop) -> int:
         log.warning("%s", w)
         print(f"warning: {w}", file=sys.stderr)
     progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress)
+    if task.filtered:
+        log.warning("%d prompts longer than task.max_prompt_tokens=%s were filtered out",
+                    task.filtered, cfg.task.max_prompt_tokens)
     sup = Supervisor(cfg, plan.run_dir, start_step=plan.start_step, cursor_state=plan.cursor_state,
                      checkpoint=plan.checkpoint, checkpoint_state=plan.state, stop=stop,
-                     on_metrics=progress.update)
+                     on_metrics=progress.update, task=task)
     try:
         code = sup.run()
     except Interrupted as exc:

@@ -24,6 +24,7 @@ class Generate(Msg):
     max_new_tokens: int
     temperature: float
     eval: bool = False
+    row: int = -1             # dataset row of the prompt (the reward reads it); -1: none (sim)
 
 
 class LoadWeights(Msg):

@@ -3,8 +3,8 @@
 Contract:
 - `build_tokenizer(task_name, path=None)`: with no `path`, an offline character-level
   `PreTrainedTokenizerFast` over a small fixed vocabulary (`VOCAB`: pad, bos, eos, digits, a few
-  symbols); the same vocabulary for every task, so ids never depend on the task. With `path`, the
-  tokenizer of that local HF directory (never downloads).
+  symbols; a text is bos + one id per character); the same vocabulary for every task, so ids never
+  depend on the task. With `path`, the tokenizer of that local HF directory (never downloads).
 - `build_model(model_cfg, vocab_size, seed)`: a `LlamaForCausalLM` built from config (deterministic
   in `seed`: the trainer and every inference worker build identical version-0 weights), or
   `from_pretrained(model_cfg.path)` from a local directory only. Returned in eval mode, dtype
@@ -13,11 +13,14 @@ Contract:
   dtype-preserving slot per parameter at a 64-byte aligned offset; `write_flat(model, out)` copies
   every parameter into `out`, `load_flat(model, flat)` copies them back. Both view the buffer in place
   with `torch.frombuffer` (no intermediate copy). A buffer of the wrong size raises ValueError.
+- `export_hf(model, tokenizer, out)`: `save_pretrained` of both (safetensors; tied embeddings
+  stored once), without progress bars: a directory transformers and vLLM load as is.
 - `weight_nbytes_for(cfg)`: the flat size for a run config, from a model built on the meta device
   (no parameter memory, no weights read).
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -37,13 +40,17 @@ def build_tokenizer(task_name: str = "", path: Optional[str] = None):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if path is not None:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+        with quiet_hf():
+            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {tok: i for i, tok in enumerate(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
-    # one token per character, special tokens kept whole
+    # one token per character, special tokens kept whole; a text starts with bos
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[a-z]+>|."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB.index(BOS))])
+    tok.decoder = decoders.Fuse()          # characters join without spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
                                    unk_token=PAD, clean_up_tokenization_spaces=False)
     return fast
@@ -89,6 +96,23 @@ def _tiny_config(model_cfg, vocab_size: int):
     )
 
 
+@contextlib.contextmanager
+def quiet_hf():
+    """No transformers progress bars or warnings (loading or writing a model or tokenizer) on the
+    console: what goes wrong is raised, and reported as one line by the caller."""
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def build_model(model_cfg, vocab_size: int, seed: int):
     """Causal LM: tiny Llama from `model_cfg` (seeded init) or a local HF directory."""
     from transformers import LlamaForCausalLM
@@ -96,7 +120,9 @@ def build_model(model_cfg, vocab_size: int, seed: int):
     dtype = _DTYPES[model_cfg.dtype]
     if model_cfg.path is not None:
         from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(model_cfg.path, local_files_only=True, dtype=dtype)
+        with quiet_hf():
+            model = AutoModelForCausalLM.from_pretrained(model_cfg.path, local_files_only=True,
+                                                         dtype=dtype)
         return model.eval()
     config = _tiny_config(model_cfg, vocab_size)
     # fork the global RNG so building a model never disturbs the caller's random state
@@ -104,6 +130,14 @@ def build_model(model_cfg, vocab_size: int, seed: int):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
+
+
+def export_hf(model, tokenizer, out: str) -> None:
+    """An HF model directory: config.json, generation_config.json, safetensors weights (tied
+    embeddings stored once, as transformers does) and the tokenizer files (chat template included)."""
+    with quiet_hf():
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
 
 
 def weight_nbytes_for(cfg) -> int:

@@ -8,7 +8,8 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
   are physical: workers set CUDA_VISIBLE_DEVICES themselves);
 - CPUs: CPU threads of the run (inference.num_workers x inference.threads_per_worker when inference
   runs on CPU, plus actor.threads when the trainer does) at most CPU_OVERSUBSCRIPTION per CPU;
-- task: task.name is a known task (its longest prompt sizes the rings);
+- task: task.name is a known task; its longest prompt (of the loaded prompt set when given) sizes
+  the rings;
 - context: the longest prompt leaves room for a generated token in the model's context
   (model.max_seq_len, the model directory's max_position_embeddings, or vllm.max_model_len);
 - records: the largest rollout-group, training-batch and Generate records (channels.ring_sizes)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 from orchestrator.channels import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
                                    weight_nbytes)
@@ -29,11 +31,13 @@ CPU_OVERSUBSCRIPTION = 8        # CPU threads per CPU before a run is refused: g
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 
 
-def check_machine(cfg: Config) -> None:
+def check_machine(cfg: Config, prompt_tokens: Optional[int] = None) -> None:
+    """`prompt_tokens`: the loaded prompt set's longest prompt (needed for task.dataset without
+    task.max_prompt_tokens)."""
     _check_devices(cfg)
     _check_cpus(cfg)
     try:
-        sizes = ring_sizes(cfg)
+        sizes = ring_sizes(cfg, prompt_tokens)
     except ValueError as exc:                         # unknown task.name
         raise ConfigError(str(exc)) from None
     _check_context(cfg, sizes)
@@ -67,8 +71,10 @@ def _check_context(cfg: Config, sizes: RingSizes) -> None:
         return
     context, source = model_context(cfg)
     if sizes.prompt_tokens >= context:
-        raise ConfigError(f"task.name={cfg.task.name} has prompts of {sizes.prompt_tokens} tokens, "
-                          f"which do not fit the model's context of {context} tokens ({source})")
+        what = f"task.dataset={cfg.task.dataset}" if cfg.task.dataset else f"task.name={cfg.task.name}"
+        hint = " (task.max_prompt_tokens filters longer ones)" if cfg.task.dataset else ""
+        raise ConfigError(f"{what} has prompts of {sizes.prompt_tokens} tokens, which do not fit "
+                          f"the model's context of {context} tokens ({source}){hint}")
 
 
 # ------------------------------------------------------------------------------------- devices
@@ -133,6 +139,8 @@ def _tokens(cfg: Config, sizes: RingSizes) -> str:
     rollout.max_new_tokens=8192'."""
     if cfg.task.name == "sim":
         prompt = f"inference.sim.prompt_tokens={sizes.prompt_tokens}"
+    elif cfg.task.dataset is not None:
+        prompt = f"{sizes.prompt_tokens} prompt tokens of task.dataset (task.max_prompt_tokens)"
     else:
         prompt = f"{sizes.prompt_tokens} prompt tokens of task.name={cfg.task.name}"
     completion = f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"

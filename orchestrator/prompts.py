@@ -1,8 +1,11 @@
-"""Prompt source for the supervisor: deterministic prompt `index -> (prompt_id, tokens)`.
+"""Prompt source for the supervisor: deterministic prompt `index -> (prompt_id, tokens, row)`.
 
-The `sim` task is defined here (random token prompts; the sim backend decides rewards). Every other
-task name comes from `orchestrator.task.make_task` (built once at startup, never on the hot path).
-The cursor is the next new prompt index; prompts to redo after a resume are served first.
+`build_task(cfg)`: the `sim` task (random token prompts; the sim backend decides rewards) is defined
+here; every other task, built-in digit task or `task.dataset`, is a `data.prompt_set.PromptSet`
+built by `data.workload.load_prompts` (once, at launch, before anything starts; a `DataError` there
+is exit 2). Both expose `max_prompt_tokens` (the rings are sized from it), `train_prompt(index)` and
+`eval_prompts()`. The cursor is the next new prompt index; prompts to redo after a resume are served
+first.
 """
 from __future__ import annotations
 
@@ -12,30 +15,33 @@ import numpy as np
 
 from orchestrator.config import Config
 
+NO_ROW = -1         # a prompt with no dataset row (sim)
+
 
 class SimPrompts:
     def __init__(self, prompt_tokens: int, num_train: int, num_eval: int, seed: int):
         self.prompt_tokens, self.num_train, self.num_eval, self.seed = (
             prompt_tokens, num_train, num_eval, seed)
+        self.max_prompt_tokens = prompt_tokens
+        self.filtered = 0
 
-    def train_prompt(self, index: int) -> tuple[int, np.ndarray]:
+    def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
         i = index % self.num_train
         rng = np.random.default_rng((self.seed, i))
-        return i, rng.integers(0, 1000, self.prompt_tokens, dtype=np.int32)
+        return i, rng.integers(0, 1000, self.prompt_tokens, dtype=np.int32), NO_ROW
 
-    def eval_prompts(self) -> list[tuple[int, np.ndarray]]:
+    def eval_prompts(self) -> list[tuple[int, np.ndarray, int]]:
         rng = np.random.default_rng((self.seed, 0, 0xE7A1))     # a stream no train index uses
-        return [(i, rng.integers(0, 1000, self.prompt_tokens, dtype=np.int32))
+        return [(i, rng.integers(0, 1000, self.prompt_tokens, dtype=np.int32), NO_ROW)
                 for i in range(self.num_eval)]
 
 
 def build_task(cfg: Config):
     if cfg.task.name == "sim":
         return SimPrompts(cfg.inference.sim.prompt_tokens, cfg.task.num_train_prompts,
-                          cfg.task.num_eval_prompts, cfg.run.seed)
-    from orchestrator.model import build_tokenizer
-    from orchestrator.task import make_task
-    return make_task(cfg.task, build_tokenizer(cfg.task.name), cfg.run.seed)
+                          cfg.task.num_eval_prompts or 64, cfg.run.seed)
+    from orchestrator.data.workload import load_prompts
+    return load_prompts(cfg)
 
 
 class PromptCursor:
@@ -44,11 +50,11 @@ class PromptCursor:
         self.cursor = cursor
         self.redo = deque(redo)
 
-    def next(self) -> tuple[int, int, np.ndarray]:
-        """(stream index, prompt_id, tokens) of the next prompt to admit."""
+    def next(self) -> tuple[int, int, np.ndarray, int]:
+        """(stream index, prompt_id, tokens, dataset row) of the next prompt to admit."""
         if self.redo:
             index = self.redo.popleft()
         else:
             index, self.cursor = self.cursor, self.cursor + 1
-        pid, tokens = self.task.train_prompt(index)
-        return index, pid, tokens
+        pid, tokens, row = self.task.train_prompt(index)
+        return index, pid, tokens, row

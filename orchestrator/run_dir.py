@@ -42,7 +42,9 @@ LOCK = "run.lock"
 RESUME_FIXED = (
     "model.path", "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_seq_len",
     "model.dtype", "rollout.consumer_batch_size", "rollout.group_size", "inference.backend",
-    "actor.backend", "task.name", "task.num_train_prompts", "run.seed",
+    "actor.backend", "task.name", "task.num_train_prompts", "run.seed", "task.dataset",
+    "task.prompt_field", "task.system_prompt", "task.apply_chat_template", "task.max_prompt_tokens",
+    "task.overlong_prompts",
     "inference.sim.prompt_tokens", "actor.sim.weight_bytes",
 )
 

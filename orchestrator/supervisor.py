@@ -123,7 +123,7 @@ def free_resources(res: Resources) -> None:
 class Supervisor:
     def __init__(self, cfg: Config, run_dir: str, start_step: int = 0,
                  cursor_state: Optional[dict] = None, checkpoint: Optional[str] = None,
-                 checkpoint_state: Optional[dict] = None, stop=None, on_metrics=None):
+                 checkpoint_state: Optional[dict] = None, stop=None, on_metrics=None, task=None):
         from orchestrator.signals import StopSignals
         self.cfg = cfg
         self.run_dir = run_dir
@@ -133,6 +133,7 @@ class Supervisor:
         self.checkpoint_state = checkpoint_state
         self.signals = stop if stop is not None else StopSignals()
         self.on_metrics = on_metrics
+        self.task = task              # the prompt set (prompts.build_task), built here when None
         self.procs: dict[tuple[str, int], mp.Process] = {}
         self.gens: dict[int, int] = {}
         self.restarts = 0
@@ -321,14 +322,14 @@ class Supervisor:
         mthread = None
         try:
             try:        # task and model files are input: a broken one is exit 2
-                task = build_task(cfg)
+                task = self.task if self.task is not None else build_task(cfg)
                 nbytes = weight_nbytes(cfg)
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
                                 f"{cfg.model.path!r}: {why}", 2) from None
             self._check_stop("startup")
-            res = create_resources(names, nbytes, ring_sizes(cfg))
+            res = create_resources(names, nbytes, ring_sizes(cfg, task.max_prompt_tokens))
             self._heartbeat(res, "trainer", 0)
             for i in range(cfg.inference.num_workers):
                 self._heartbeat(res, "inference", i)

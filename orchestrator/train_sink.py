@@ -5,7 +5,8 @@ for groups of more than one sample; singleton groups use the batch as their base
 `filter_zero_std`, groups whose rewards are all equal carry no signal and are dropped (a singleton
 batch is dropped only if every reward in it is equal). `trainable` is the number of samples left
 that have at least one loss-masked token (`trainable_tokens` counts those tokens): a batch of empty
-completions is not trainable.
+completions is not trainable. `reward_errors` sums the groups' `scalars[REWARD_ERRORS]` (reward calls
+scored 0 after failing, set by the inference worker's reward pool).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.data.reward_pool import REWARD_ERRORS
 from shm.codec import Sequences, concat
 
 EPS = 1e-6
@@ -27,6 +29,7 @@ class BatchInfo:
     trainable: int
     trainable_tokens: int
     reward_mean: float
+    reward_errors: int       # reward calls that failed and scored 0 (task.reward_on_error=zero)
     consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
     parts: list              # the groups themselves, in completion order
 
@@ -69,5 +72,7 @@ class TrainSink:
         info = BatchInfo(step=step, version=version, groups=len(groups),
                          trainable=int((per_seq > 0).sum()), trainable_tokens=int(per_seq.sum()),
                          reward_mean=float(rewards.mean()) if rewards.size else 0.0,
+                         reward_errors=int(sum(g.scalars[REWARD_ERRORS] for g in groups
+                                               if g.scalars.size > REWARD_ERRORS)),
                          consumed=consumed, parts=groups)
         return batch, info

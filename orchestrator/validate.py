@@ -19,7 +19,7 @@ def check_rollout(g: Sequences, req: messages.Generate) -> None:
         raise RunFailed(f"bad rollout for request {req.request_id} (prompt {req.prompt_id}): {what}", 2)
 
     if g.n != req.n:
-        bad(f"{g.n} samples, expected rollout.group_size={req.n}")
+        bad(f"{g.n} samples, expected {req.n} (rollout.group_size, or eval.samples_per_prompt)")
     if not np.isfinite(g.rewards).all():
         bad(f"non-finite reward {g.rewards[~np.isfinite(g.rewards)][0]}")
     if not np.isfinite(g.logprobs).all() or (g.logprobs > 1e-4).any():

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import psutil
 import pytest
@@ -17,6 +19,24 @@ def _left_by_us(fname: str) -> bool:
     if owner is None or owner[0] == os.getpid() or not segments.pid_alive(*owner):
         return True
     return owner[0] in {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+_HF_DATASETS_CACHE = None
+
+
+def pytest_configure(config):
+    """Datasets converted by `datasets` (and every launch a test starts) cache under one temporary
+    directory of this session, never the user's ~/.cache."""
+    global _HF_DATASETS_CACHE
+    if "HF_DATASETS_CACHE" not in os.environ:
+        _HF_DATASETS_CACHE = tempfile.mkdtemp(prefix="arl-test-datasets-")
+        os.environ["HF_DATASETS_CACHE"] = _HF_DATASETS_CACHE
+
+
+def pytest_unconfigure(config):
+    if _HF_DATASETS_CACHE is not None:
+        shutil.rmtree(_HF_DATASETS_CACHE, ignore_errors=True)
+        os.environ.pop("HF_DATASETS_CACHE", None)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.config import Config
-from orchestrator.prompts import build_task
 
 
 def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
@@ -13,8 +12,19 @@ def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
     return int(np.random.SeedSequence([cfg.run.seed, index, gen, start_step]).generate_state(1)[0])
 
 
+def build_rewards(cfg: Config):
+    """The reward pool of an inference worker (orchestrator.data.reward_pool)."""
+    from orchestrator.data.reward_pool import RewardPool
+    from orchestrator.data.workload import load_scorer
+
+    tokens, rows, name, fn = load_scorer(cfg)
+    t = cfg.task
+    return RewardPool(fn, name, tokens, rows, t.reward_workers, t.reward_timeout_s, t.reward_on_error)
+
+
 def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0):
-    """Return (backend, task or None). `task` fills rewards when the backend does not."""
+    """Return (backend, reward pool or None). The pool scores rollouts when the backend does not
+    (the sim backend decides its own rewards)."""
     seed = sampling_seed(cfg, index, gen, start_step)
     if cfg.inference.backend == "sim":
         from orchestrator.backends.sim_inference import SimInference
@@ -24,10 +34,10 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0):
         device = "cuda:0" if cfg.inference.devices else "cpu"
         backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
                                  device=device, sample_seed=seed)
-        return backend, build_task(cfg)
+        return backend, build_rewards(cfg)
     if cfg.inference.backend == "vllm":
         from orchestrator.backends.vllm_inference import VllmInference
-        return VllmInference(cfg, index, sample_seed=seed), build_task(cfg)
+        return VllmInference(cfg, index, sample_seed=seed), build_rewards(cfg)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
 
 

@@ -110,7 +110,7 @@ class SimInference:
             tokens=np.concatenate(tokens), logprobs=np.concatenate(logprobs),
             versions=np.concatenate(versions), loss_mask=np.concatenate(mask),
             rewards=rewards, advantages=np.zeros(req.n, np.float32),
-            scalars=np.array([finish - start], np.float64))
+            scalars=np.zeros(0, np.float64))
         return GenResult(request_id=req.request_id, sequences=seqs)
 
     def step(self, max_wait_s: float = 0.0) -> list[GenResult]:

@@ -2,7 +2,8 @@
 
 Contract (InferenceBackend of base.py):
 - `TorchInference(model_cfg, task_cfg, rollout_cfg, inference_cfg, seed, device, sample_seed=None)`
-  builds the tokenizer and the model exactly as the trainer does (`build_model(model_cfg, vocab, seed)`),
+  loads the model's tokens (`data.tokens.load_tokens`: stop ids from the generation config, pad) and
+  builds the model exactly as the trainer does (`build_model(model_cfg, vocab, seed)`),
   so version 0 is the trainer's initial policy. Sampling uses its own generator seeded with
   `sample_seed` (default `seed`; give each worker a distinct one). On CPU it sets torch's intra-op
   threads to `inference_cfg.threads_per_worker` (a process-wide setting).
@@ -11,7 +12,7 @@ Contract (InferenceBackend of base.py):
 - `step(max_wait_s)` runs ONE decode step for every unfinished running row together (full recompute
   over a left-padded batch: simplest correct choice for tiny models and short sequences), samples
   each next token from softmax(logits / temperature), records its logprob under that same
-  distribution and stamps it with the currently loaded version. A row finishes on eos, on
+  distribution and stamps it with the currently loaded version. A row finishes on a stop id, on
   `req.max_new_tokens`, or at the model's `max_seq_len`. Returns the requests whose n rows are all done.
 - `load_weights(version, flat)` installs weights between steps; tokens sampled afterwards carry
   `version`, so a partial rollout spans versions.
@@ -29,8 +30,8 @@ import numpy as np
 import torch
 
 from orchestrator.backends.base import GenRequest, GenResult
-from orchestrator.model import (build_model, build_tokenizer, flat_layout, load_flat, load_flat_tensor,
-                                resolve_device)
+from orchestrator.data.tokens import load_tokens
+from orchestrator.model import build_model, flat_layout, load_flat, load_flat_tensor, resolve_device
 from shm.codec import Sequences
 
 KIND_TRAIN, KIND_EVAL = 0, 1  # Sequences.kind of a result (the inference worker's convention)
@@ -99,10 +100,10 @@ class TorchInference:
         self.device = resolve_device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(inference_cfg.threads_per_worker)
-        self.tokenizer = build_tokenizer(task_cfg.name, model_cfg.path)
-        self.eos_id = int(self.tokenizer.eos_token_id)
-        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                          else self.eos_id)
+        tokens = load_tokens(model_cfg.path)
+        self.tokenizer = tokens.tokenizer
+        self.stop_ids = frozenset(tokens.stop_ids)
+        self.pad_id = tokens.pad_id
         self.model = build_model(model_cfg, len(self.tokenizer), seed).to(self.device).eval()
         self.layout = flat_layout(self.model)
         cfg = self.model.config
@@ -181,7 +182,7 @@ class TorchInference:
             r.tokens.append(tok)
             r.logprobs.append(float(lp[i]))
             r.versions.append(self.version)
-            if (tok == self.eos_id or len(r.logprobs) >= a.req.max_new_tokens
+            if (tok in self.stop_ids or len(r.logprobs) >= a.req.max_new_tokens
                     or len(r.tokens) >= self.max_seq_len):
                 r.done = True
 

@@ -16,8 +16,11 @@ Contract (TrainerBackend of base.py):
   with loss 0 and skipped 1. Stats are python floats: loss, clip_frac, imp_weight_mean,
   behav_capped_frac, approx_kl, grad_norm, tokens, sequences, skipped, steps (updates so far).
 - `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.model.
-- `save(dir)` / `load(dir)`: `model.safetensors` (weights) and `optimizer.pt` (Adam state + step
-  count); each written to a temporary name in `dir` and moved into place with os.replace.
+- `save(dir)` / `load(dir)`: `hf/` (an HF model directory: config, generation config, safetensors
+  weights, tokenizer files; what `AutoModelForCausalLM.from_pretrained` and vLLM load as is, and what
+  `load` reads the weights back from) and `optimizer.pt` (Adam state, step count, RNG states). The
+  checkpoint commit fsyncs and checksums them; `load` also reads the `model.safetensors` of older
+  checkpoints.
 """
 from __future__ import annotations
 
@@ -30,11 +33,12 @@ import numpy as np
 import torch
 
 from orchestrator.loss import masked_mean, ppo_loss
-from orchestrator.model import (build_model, build_tokenizer, flat_layout, resolve_device, write_flat,
+from orchestrator.data.tokens import load_tokens
+from orchestrator.model import (build_model, export_hf, flat_layout, resolve_device, write_flat,
                                 write_flat_tensor)
 from shm.codec import Sequences
 
-MODEL_FILE, OPTIM_FILE = "model.safetensors", "optimizer.pt"
+MODEL_FILE, OPTIM_FILE, HF_DIR = "model.safetensors", "optimizer.pt", "hf"
 
 
 def pad_batch(batch: Sequences, pad_id: int) -> dict[str, np.ndarray]:
@@ -83,10 +87,9 @@ class TorchTrainer:
         if self.device.type == "cpu":
             torch.set_num_threads(actor_cfg.threads)
         self.temperature = float(temperature)
-        tokenizer = build_tokenizer(task_cfg.name, model_cfg.path)
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                          else tokenizer.eos_token_id)
-        self.model = build_model(model_cfg, len(tokenizer), seed).to(self.device)
+        self.tokens = load_tokens(model_cfg.path)
+        self.pad_id = self.tokens.pad_id
+        self.model = build_model(model_cfg, len(self.tokens.tokenizer), seed).to(self.device)
         self.layout = flat_layout(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=actor_cfg.lr)
         self.steps = 0
@@ -176,23 +179,20 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str) -> None:
-        from safetensors.torch import save_file
-
         os.makedirs(directory, exist_ok=True)
-        tensors = {name: p.detach().cpu().contiguous() for name, p in self.model.named_parameters()}
-        _atomic(directory, MODEL_FILE, lambda path: save_file(tensors, path))
+        export_hf(self.model, self.tokens.tokenizer, os.path.join(directory, HF_DIR))
         state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
                  "rng_cpu": torch.get_rng_state(),
                  "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []}
         _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
 
     def load(self, directory: str) -> None:
-        from safetensors.torch import load_file
-
-        tensors = load_file(os.path.join(directory, MODEL_FILE))
+        tensors = read_weights(directory)
         params = dict(self.model.named_parameters())
         if set(tensors) != set(params):
-            raise ValueError(f"checkpoint {directory} does not match the model's parameters")
+            extra, missing = sorted(set(tensors) - set(params)), sorted(set(params) - set(tensors))
+            raise ValueError(f"checkpoint {directory} does not match the model's parameters "
+                             f"(unexpected {extra[:3]}, missing {missing[:3]})")
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(tensors[name])
@@ -207,6 +207,21 @@ class TorchTrainer:
 
     def close(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def read_weights(directory: str) -> dict[str, torch.Tensor]:
+    """Parameters saved by `save`: every safetensors file of `hf/` (a sharded save included), or the
+    `model.safetensors` of checkpoints written before `hf/` existed."""
+    from safetensors.torch import load_file
+
+    hf = os.path.join(directory, HF_DIR)
+    if not os.path.isdir(hf):
+        return load_file(os.path.join(directory, MODEL_FILE))
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(hf)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(hf, name)))
+    return tensors
 
 
 def _atomic(directory: str, name: str, write) -> None:

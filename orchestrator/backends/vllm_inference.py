@@ -15,8 +15,9 @@ Contract (same observable behaviour as TorchInference):
   req.max_new_tokens`, `logprobs=0` (the sampled token's logprob only) under
   `logprobs_mode=processed_logprobs`, i.e. log_softmax(logits / temperature): the distribution the
   token is sampled from and the one TorchTrainer recomputes. No top-k/top-p/penalties; the model
-  directory's generation_config is ignored. A sample stops at the tokenizer's eos (kept, loss-masked
-  like TorchInference), at `max_new_tokens`, or at max_model_len.
+  directory's sampling defaults are ignored. A sample stops at any of the model's stop ids
+  (`data.tokens.load_tokens`: every eos of its generation config; kept, loss-masked like
+  TorchInference), at `max_new_tokens`, or at max_model_len.
 - `step(max_wait_s)`: one engine step; every token it produced is stamped with the version loaded
   during that step. Returns the requests whose n samples are all done, as GenResults in
   TorchInference's layout (`torch_inference.build_sequences`): prompt + completion per row,
@@ -50,7 +51,8 @@ import torch
 from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.backends.torch_inference import (KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences,
                                                    check_request)
-from orchestrator.model import FlatLayout, build_model, build_tokenizer, flat_layout, torch_dtype
+from orchestrator.data.tokens import load_tokens
+from orchestrator.model import FlatLayout, build_model, export_hf, flat_layout, torch_dtype
 
 EXTENSION = "orchestrator.backends.vllm_inference.FlatWeightsExtension"
 
@@ -117,8 +119,9 @@ class VllmInference:
             import vllm  # noqa: F401
         self.index = int(index)
         vc = cfg.inference.vllm
-        self.tokenizer = build_tokenizer(cfg.task.name, cfg.model.path)
-        self.eos_id = int(self.tokenizer.eos_token_id)
+        tokens = load_tokens(cfg.model.path)
+        self.tokenizer = tokens.tokenizer
+        self.stop_ids = list(tokens.stop_ids)
         self._tmpdir: Optional[str] = None
         self.engine = None
         try:
@@ -150,18 +153,9 @@ class VllmInference:
             with torch.device("meta"):  # the layout needs names/shapes/dtypes only
                 meta = AutoModelForCausalLM.from_config(hf_config, dtype=torch_dtype(mc.dtype))
             return mc.path, hf_config, flat_layout(meta)
-        from transformers.utils import logging as hf_logging
-
         model = build_model(mc, len(self.tokenizer), cfg.run.seed)
         self._tmpdir = tempfile.mkdtemp(prefix=f"arl-vllm-model{self.index}-")
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            model.save_pretrained(self._tmpdir)
-            self.tokenizer.save_pretrained(self._tmpdir)
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
+        export_hf(model, self.tokenizer, self._tmpdir)
         return self._tmpdir, model.config, flat_layout(model)
 
     def _build_engine(self, cfg, model_dir: str, sample_seed: Optional[int]):
@@ -192,7 +186,7 @@ class VllmInference:
         prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
         params = SamplingParams(n=req.n, temperature=float(req.temperature),
                                 max_tokens=int(req.max_new_tokens), logprobs=0,
-                                stop_token_ids=[self.eos_id], detokenize=False,
+                                stop_token_ids=self.stop_ids, detokenize=False,
                                 output_kind=RequestOutputKind.DELTA)
         (engine_input,) = self.engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
         self.engine.add_request(str(req.request_id), engine_input, params)

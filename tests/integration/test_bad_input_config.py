@@ -109,12 +109,15 @@ def test_bad_input_exits_2_before_anything_starts(tmp_path, text, args, needles)
     assert run_segments(proc) == []
 
 
-def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path):
+def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path, hf_model_dir):
     """Caught before anything starts (exit 2), not by the first request in a worker (exit 1)."""
-    # copy3 prompts are bos + 3 digits + '>' = 5 tokens; this model's context holds 4
+    import json
+    import shutil
+    # copy3 prompts ("472>") take more than 2 tokens of the fixture's BPE; this context holds 2
     model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 4}')
+    shutil.copytree(hf_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2}))
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}",
                              "task.name=copy3", f"model.path={model}", "run.total_steps=2"],
@@ -122,6 +125,6 @@ def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "task.name=copy3" in lines[0] and "5 tokens" in lines[0]
-    assert "max_position_embeddings" in lines[0] and "context of 4 tokens" in lines[0]
+    assert len(lines) == 1 and "task.name=copy3 has prompts of" in lines[0]
+    assert "max_position_embeddings" in lines[0] and "context of 2 tokens" in lines[0]
     assert not run_dir.exists() and run_segments(proc) == []

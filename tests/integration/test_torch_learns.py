@@ -10,7 +10,7 @@ from orchestrator.backends.base import GenRequest
 from orchestrator.backends.torch_inference import TorchInference
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, InferenceConfig, ModelConfig, RolloutConfig, TaskConfig
-from orchestrator.task import make_task
+from tests.workload import DigitTask
 from shm.codec import concat
 
 # the settings proposed for configs/default.yaml
@@ -24,7 +24,7 @@ def _backends(seed=0, lr=LR, temperature=1.0, max_batch=GROUPS * GROUP_SIZE, tas
     inf = TorchInference(mc, tc, rc, InferenceConfig(backend="torch", max_batch=max_batch), seed)
     tr = TorchTrainer(mc, ActorConfig(backend="torch", lr=lr, **actor), tc, seed,
                       temperature=temperature)
-    return inf, tr, make_task(tc, inf.tokenizer, seed)
+    return inf, tr, DigitTask(task, seed)
 
 
 def _run(inf, reqs):

@@ -20,7 +20,7 @@ from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: E402
 from orchestrator.backends.vllm_inference import VllmInference  # noqa: E402
 from orchestrator.config import (ActorConfig, Config, InferenceConfig, ModelConfig,  # noqa: E402
                                  RunConfig, TaskConfig)
-from orchestrator.task import make_task  # noqa: E402
+from tests.workload import DigitTask  # noqa: E402
 from shm.codec import concat  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -85,7 +85,7 @@ def _run(inf, reqs, limit=500):
 def test_generates_the_torch_inference_layout(backend):
     cfg = _cfg()
     inf = backend(cfg, sample_seed=11)
-    task = make_task(cfg.task, inf.tokenizer, 0)
+    task = DigitTask(cfg.task.name, 0)
     assert inf.weight_nbytes() == _trainer(cfg).weight_nbytes()
     reqs = _requests(task, 0, 3, 5)
     reqs[2].eval = True
@@ -127,7 +127,7 @@ def test_logprobs_equal_the_trainer_recompute(backend, temperature):
     cfg = _cfg()
     inf = backend(cfg)
     tr = _trainer(cfg, lr=1e-2, temperature=temperature)
-    task = make_task(cfg.task, inf.tokenizer, 0)
+    task = DigitTask(cfg.task.name, 0)
     # move off the initial (near-uniform) policy first, as the torch backend's test does
     groups = _run(inf, _requests(task, 0, 4, 8, temperature))
     for g in groups:
@@ -149,7 +149,7 @@ def test_logprobs_equal_the_trainer_recompute(backend, temperature):
 def test_reload_mid_request_changes_outputs_and_stamps_versions(backend):
     cfg = _cfg()
     inf = backend(cfg)
-    task = make_task(cfg.task, inf.tokenizer, 0)
+    task = DigitTask(cfg.task.name, 0)
     old = _trainer(cfg, seed=0)             # the same weights as vLLM's version 0
     new = _trainer(cfg, seed=7)             # entirely different weights: version 3
     pid, prompt = task.train_prompt(0)
@@ -188,7 +188,7 @@ def test_reload_without_kv_recompute_still_stamps_versions(backend):
     cfg = _cfg()
     cfg.inference.vllm.recompute_kv_on_reload = False
     inf = backend(cfg)
-    task = make_task(cfg.task, inf.tokenizer, 0)
+    task = DigitTask(cfg.task.name, 0)
     new = _trainer(cfg, seed=7)
     pid, prompt = task.train_prompt(0)
     inf.add(GenRequest(0, pid, prompt, 8, MAX_NEW, 1.0))

@@ -114,7 +114,9 @@ def test_trainer_checkpoint_round_trip(tmp_path):
     ])
     tr.train_step(batch)
     tr.save(str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == ["model.safetensors", "optimizer.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["hf", "optimizer.pt"]
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= \
+        set(os.listdir(tmp_path / "hf"))
     _, fresh = _backends()
     fresh.load(str(tmp_path))
     assert _params_equal(fresh.model, tr.model) and fresh.steps == tr.steps == 1

@@ -1,42 +1,172 @@
-"""Rewards filled in by the inference worker: numpy scalars are valid; a reward function that raises
-or returns a non-finite or non-numeric value is bad environment output naming the task and the
-prompt (the worker's Fatal line starts with BadEnvOutput: the run exits 2)."""
+"""Rewards: the built-in set, resolving `task.reward`, and the inference worker's reward pool
+(threads off the decode loop; a reward that raises, times out or returns a non-finite value is
+bad environment output naming the function and the row, or scores 0 and is counted)."""
+import threading
+import time
+
 import numpy as np
 import pytest
 
-from orchestrator.inference_worker import BadEnvOutput, _fill_rewards
+from orchestrator.config import TaskConfig
+from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput, RewardPool
+from orchestrator.data.rewards import answers_equal, extract_answer, resolve_reward
+from orchestrator.data.tokens import DataError, load_tokens
 from shm.codec import Sequences
 
-
-class Task:
-    name = "mytask"
-
-    def __init__(self, value):
-        self.value = value
-
-    def reward(self, prompt_id, completion, eval):
-        if isinstance(self.value, Exception):
-            raise self.value
-        return self.value
+TOKENS = load_tokens(None)
 
 
-def _group():
-    return Sequences.build(0, 1, 0, [{"prompt": [1, 2], "completion": [3, 4], "prompt_id": 7}] * 2)
+def _task(**kw):
+    return TaskConfig(name="dataset", dataset="unused.jsonl", **{"reward": "exact_match", **kw})
 
 
-@pytest.mark.parametrize("value", [1, 0.5, np.float32(0.25), np.float64(1.0), np.int64(1)])
-def test_numbers_and_numpy_scalars_are_rewards(value):
-    g = _group()
-    _fill_rewards(g, Task(value), False)
-    assert g.rewards.tolist() == [float(value)] * 2
+@pytest.mark.parametrize("text, ref, ok", [
+    ("so 3+4 is 7 #### 7", "#### 7", True),
+    ("The total is \\boxed{1,234}.", "Natalia sold 1234 clips.\n#### 1234", True),
+    ("\\boxed{\\frac{1}{2}}", "0.5", True),
+    ("we get $18.00 in the end", "#### 18", True),
+    ("the answer is 17", "#### 18", False),
+    ("no number at all", "#### 3", False),
+    ("\\boxed{x+1}", "\\boxed{ x+1 }", True),
+])
+def test_math_answer(text, ref, ok):
+    _, fn = resolve_reward(_task(reward="math_answer"), TOKENS)
+    assert fn(text, {"answer": ref}, []) == float(ok)
+
+
+def test_answer_normalisation():
+    assert extract_answer("a \\boxed{\\text{{b}}} c", loose=True) == "\\text{{b}}"
+    assert answers_equal("72.", "72") and answers_equal("-3", "-3.0") and not answers_equal("3", "4")
+
+
+def test_exact_match_strips_whitespace():
+    _, fn = resolve_reward(_task(answer_field="label"), TOKENS)
+    assert fn(" Paris\n", {"label": "Paris"}, []) == 1.0 and fn("paris", {"label": "Paris"}, []) == 0.0
+
+
+def test_user_functions_from_a_file_and_a_module(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def score(completion, row, ids):\n    return float(len(ids))\n")
+    monkeypatch.chdir(tmp_path)
+    name, fn = resolve_reward(_task(reward="my_rewards.py:score"), TOKENS)
+    assert name == "my_rewards.py:score" and fn("x", {}, [1, 2, 3]) == 3.0
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _, fn = resolve_reward(_task(reward="my_rewards:score"), TOKENS)
+    assert fn("x", {}, [1]) == 1.0
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("nope.py:score", "no such file"), ("my_rewards.py:missing", "no function"),
+    ("no_such_module_xyz:fn", "cannot import"), ("my_rewards.py:CONST", "not callable"),
+    ("not a spec", "not a built-in"), ("broken.py:f", "importing"),
+])
+def test_unresolvable_rewards_name_the_field(tmp_path, monkeypatch, spec, needle):
+    (tmp_path / "my_rewards.py").write_text("CONST = 3\ndef score(c, r, i):\n    return 1.0\n")
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as info:
+        resolve_reward(_task(reward=spec), TOKENS)
+    assert "task.reward" in str(info.value) and needle in str(info.value)
+
+
+# ------------------------------------------------------------------------------ the reward pool
+
+def _group(pid=7, n=2):
+    return Sequences.build(0, 1, 0, [{"prompt": [1, 3], "completion": [4, 5, 2], "prompt_id": pid}] * n)
+
+
+def _pool(fn, on_error="fail", timeout_s=30.0, workers=2):
+    rows = lambda is_eval, row: {"row": row, "eval": is_eval}      # noqa: E731
+    return RewardPool(fn, "my_fn", TOKENS, rows, workers, timeout_s, on_error)
+
+
+def _drain(pool, deadline_s=20.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        out = pool.ready()
+        if out:
+            return out
+        time.sleep(0.005)
+    raise AssertionError("the pool never returned the group")
+
+
+def test_pool_calls_with_text_row_and_ids():
+    seen = []
+
+    def fn(completion, row, ids):
+        seen.append((completion, row, ids))
+        return np.float32(0.5)
+    pool = _pool(fn)
+    pool.submit(_group(), row=11, is_eval=True)
+    (g,) = _drain(pool)
+    pool.close()
+    assert g.rewards.tolist() == [0.5, 0.5] and g.scalars[REWARD_ERRORS] == 0
+    assert seen[0] == ("12", {"row": 11, "eval": True}, [4, 5, 2])   # eos dropped from the text
+
+
+def test_a_slow_reward_does_not_block_the_caller():
+    release = threading.Event()
+    pool = _pool(lambda c, r, i: 1.0 if release.wait(30) else 0.0)
+    pool.submit(_group(), row=0, is_eval=False)
+    assert pool.ready() == [] and pool.busy()       # returns at once while the reward runs
+    release.set()
+    (g,) = _drain(pool)
+    pool.close()
+    assert g.rewards.tolist() == [1.0, 1.0] and not pool.busy()
 
 
 @pytest.mark.parametrize("value, needle", [
     (float("nan"), "nan"), (np.float32("inf"), "inf"), (True, "True"), ("1", "'1'"),
-    (None, "None"), (KeyError("answer"), "raised"),
+    (None, "None"), (KeyError("answer"), "raised KeyError"),
 ])
-def test_bad_rewards_name_the_task_and_prompt(value, needle):
+def test_bad_rewards_fail_naming_function_row_and_prompt(value, needle):
+    def fn(c, r, i):
+        if isinstance(value, Exception):
+            raise value
+        return value
+    pool = _pool(fn)
+    pool.submit(_group(pid=7), row=42, is_eval=False)
     with pytest.raises(BadEnvOutput) as info:
-        _fill_rewards(_group(), Task(value), False)
+        _drain(pool)
+    pool.close()
     msg = str(info.value)
-    assert "'mytask'" in msg and "prompt 7" in msg and needle in msg and "\n" not in msg
+    assert "'my_fn'" in msg and "row 42" in msg and "prompt 7" in msg and needle in msg
+    assert "\n" not in msg
+
+
+def test_tolerated_errors_score_zero_and_are_counted():
+    calls = []
+
+    def fn(c, r, i):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("first one breaks")
+        return 1.0
+    pool = _pool(fn, on_error="zero", workers=1)
+    pool.submit(_group(), row=0, is_eval=False)
+    (g,) = _drain(pool)
+    pool.close()
+    assert sorted(g.rewards.tolist()) == [0.0, 1.0] and g.scalars[REWARD_ERRORS] == 1
+
+
+@pytest.mark.parametrize("on_error", ["fail", "zero"])
+def test_a_reward_past_its_timeout(on_error):
+    never = threading.Event()
+
+    def fn(c, r, i):
+        never.wait(60)
+        return 1.0
+    pool = _pool(fn, on_error=on_error, timeout_s=0.2, workers=1)
+    pool.submit(_group(n=1), row=3, is_eval=False)
+    if on_error == "fail":
+        with pytest.raises(BadEnvOutput, match=r"'my_fn' ran longer than task.reward_timeout_s=0.2 for row 3"):
+            _drain(pool)
+    else:
+        (g,) = _drain(pool)
+        assert g.rewards.tolist() == [0.0] and g.scalars[REWARD_ERRORS] == 1
+        pool.submit(_group(n=1), row=4, is_eval=False)      # a fresh thread serves the next one
+        never.set()
+        (g,) = _drain(pool)
+        assert g.rewards.tolist() == [1.0]
+    never.set()
+    pool.close()

@@ -1,0 +1,1 @@
+"""Workloads: datasets, tokenization and chat rendering, rewards (ARCHITECTURE.md "Layout as it grows")."""

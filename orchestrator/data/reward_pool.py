@@ -1,0 +1,165 @@
+"""Rewards off the decode loop: a pool of daemon threads inside each inference worker.
+
+Contract: `RewardPool(fn, name, tokens, rows, workers, timeout_s, on_error)`. `submit(seqs, row,
+is_eval)` queues one finished rollout group (every sample of it is scored against dataset row
+`row`); `ready(wait_s=0)` returns the groups whose rewards are all in, rewards filled, in any order,
+waiting at most `wait_s` for the pending ones (0: never blocks); `busy()` says whether any group is still being scored. Each call is
+`fn(completion_text, row_dict, completion_ids)` on a pool thread, so a slow reward never stalls
+generation or the supervisor. A call that raises, returns anything but a finite real number (a bool
+is not one), or runs longer than `timeout_s` is bad environment output: with `on_error="fail"`
+`ready()` raises `BadEnvOutput` naming the function, the row and the prompt (the run exits 2); with
+`"zero"` the sample scores 0 and the group's `scalars[REWARD_ERRORS]` counts it (the step line's
+`reward_errors`). Samples of a group are scored in order by one thread (few hand-offs between
+threads). A timed-out call cannot be killed: its thread is left to finish and a fresh one takes its
+place and the rest of its group, at most `MAX_STUCK_PER_WORKER` x workers of them, beyond which the
+run fails.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from orchestrator.data.tokens import ModelTokens, completion_text
+
+REWARD_ERRORS = 0           # Sequences.scalars[REWARD_ERRORS] of a scored group
+MAX_STUCK_PER_WORKER = 4
+WAIT_SLICE_S = 0.01         # ready(wait_s) re-checks timeouts at least this often
+
+
+class BadEnvOutput(ValueError):
+    """A reward or environment produced unusable output; the run stops with exit 2."""
+
+
+@dataclass
+class _Call:
+    seqs: Any
+    sample: int
+    row: int
+    is_eval: bool
+    started: Optional[float] = None
+    done: bool = False
+    value: Any = None
+    error: Optional[BaseException] = None
+    scored: Optional[tuple] = None      # (reward, error line or None) once decided
+
+
+@dataclass
+class _Group:
+    seqs: Any
+    row: int
+    calls: list = field(default_factory=list)
+
+
+class RewardPool:
+    def __init__(self, fn: Callable, name: str, tokens: ModelTokens, rows: Callable[[bool, int], dict],
+                 workers: int, timeout_s: float, on_error: str):
+        self.fn, self.name, self.tokens, self.rows = fn, name, tokens, rows
+        self.workers, self.timeout_s, self.on_error = int(workers), float(timeout_s), on_error
+        self._jobs: "queue.SimpleQueue[Optional[_Group]]" = queue.SimpleQueue()
+        self._pending: list[_Group] = []
+        self._stuck: list[_Call] = []
+        self._cv = threading.Condition()
+        self._threads = [self._spawn() for _ in range(self.workers)]
+
+    def _spawn(self) -> threading.Thread:
+        t = threading.Thread(target=self._work, name="reward", daemon=True)
+        t.start()
+        return t
+
+    def _work(self) -> None:
+        while True:
+            group = self._jobs.get()
+            if group is None:
+                return
+            s = group.seqs
+            for call in group.calls:        # one job per group: few hand-offs between threads
+                with self._cv:              # claimed once: after a timeout a fresh thread takes
+                    if call.started is not None:    # the rest of the group over
+                        continue
+                    call.started = time.monotonic()
+                sl = s.seq(call.sample)
+                ids = [int(t) for t in s.tokens[sl][int(s.prompt_lens[call.sample]):]]
+                try:
+                    call.value = self.fn(completion_text(self.tokens, ids),
+                                         self.rows(call.is_eval, call.row), ids)
+                except BaseException as exc:       # reported by ready(), on the worker's main thread
+                    call.error = exc
+                with self._cv:
+                    call.done = True
+                    self._cv.notify_all()
+
+    # ------------------------------------------------------------------ main-thread side
+    def submit(self, seqs, row: int, is_eval: bool) -> None:
+        g = _Group(seqs, row, [_Call(seqs, i, row, is_eval) for i in range(seqs.n)])
+        self._pending.append(g)
+        self._jobs.put(g)
+
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def _where(self, g: _Group, c: _Call) -> str:
+        kind = "eval row" if c.is_eval else "row"
+        return f"reward function {self.name!r} {{}} for {kind} {g.row} (prompt {int(g.seqs.prompt_ids[0])})"
+
+    def _score(self, g: _Group, c: _Call, now: float) -> Optional[tuple[float, Optional[str]]]:
+        """(reward, error line or None) of a finished or timed-out call; None while it runs."""
+        where = self._where(g, c)
+        if not c.done:
+            if c.started is None or now - c.started <= self.timeout_s:
+                return None
+            self._stuck.append(c)
+            if len([s for s in self._stuck if not s.done]) > MAX_STUCK_PER_WORKER * self.workers:
+                raise BadEnvOutput(where.format(f"left more than {MAX_STUCK_PER_WORKER * self.workers} "
+                                                f"calls running past task.reward_timeout_s"))
+            self._threads.append(self._spawn())
+            self._jobs.put(g)               # the rest of the group goes to the fresh thread
+            return 0.0, where.format(f"ran longer than task.reward_timeout_s={self.timeout_s:g}")
+        if c.error is not None:
+            exc = c.error
+            return 0.0, where.format(f"raised {type(exc).__name__}: {exc}".splitlines()[0])
+        r = c.value
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (numbers.Real, np.number)) \
+                or not math.isfinite(float(r)):
+            return 0.0, where.format(f"returned {r!r}"[:200] + ", not a finite number")
+        return float(r), None
+
+    def ready(self, wait_s: float = 0.0) -> list:
+        """Scored groups; waits up to `wait_s` for every pending group to be scored (the worker
+        waits only while its backend is idle, so groups finished together leave together)."""
+        out, end = self._collect(), time.monotonic() + wait_s
+        while self._pending and (left := end - time.monotonic()) > 0:
+            with self._cv:
+                if not any(c.done for g in self._pending for c in g.calls if c.scored is None):
+                    self._cv.wait(min(left, WAIT_SLICE_S))
+            out += self._collect()
+        return out
+
+    def _collect(self) -> list:
+        out, now = [], time.monotonic()
+        for g in list(self._pending):
+            for c in g.calls:
+                if c.scored is None:
+                    c.scored = self._score(g, c, now)
+            scores = [c.scored for c in g.calls]
+            if any(s is None for s in scores):
+                continue
+            errors = [e for _, e in scores if e is not None]
+            if errors and self.on_error == "fail":
+                raise BadEnvOutput(errors[0])
+            g.seqs.rewards[:] = [v for v, _ in scores]
+            g.seqs.scalars = np.array([float(len(errors))], np.float64)
+            self._pending.remove(g)
+            out.append(g.seqs)
+        return out
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._pending.clear()

@@ -1,0 +1,164 @@
+"""Reward functions: the built-in set and user functions named in `task.reward`.
+
+Contract: a reward is `fn(completion: str, row: dict, completion_ids: list[int]) -> float`:
+the completion text (`tokens.completion_text`: final stop token dropped, special tokens skipped),
+the dataset row the prompt came from, and the sampled ids (the final stop token included when
+sampled). `resolve_reward(task_cfg, tokens) -> (name, fn)` turns `task.reward` into that callable:
+- a built-in name: `exact_match` (stripped text equals `row[task.answer_field]`), `math_answer`
+  (the last `\\boxed{...}`, else the text after the last `####`, else the last number of the
+  completion, compared with the reference's final answer (its `####` part or `\\boxed{}` if any),
+  numerically when both parse as numbers: commas, `$`, `%` and spaces ignored, 1e-6 relative
+  tolerance; else as normalised text), `digits` (positional over tokens: matches of the completion
+  ids against the ids of `row[task.answer_field]` + eos, over their count; the digit tasks' reward);
+- `path/to/file.py:fn` (a file, relative to the working directory; loaded as its own module) or
+  `package.module:fn` (imported).
+A spec that cannot be resolved (missing file, module, function, not callable) raises `DataError`
+naming `task.reward`. Return values are checked by the caller (`reward_pool`).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import re
+import sys
+from fractions import Fraction
+from typing import Callable, Optional
+
+from orchestrator.data.tokens import DataError, ModelTokens
+
+RewardFn = Callable[[str, dict, list], float]
+BUILTIN = ("exact_match", "math_answer", "digits")
+NEEDS_ANSWER = set(BUILTIN)
+
+
+# ---------------------------------------------------------------------------- math normalisation
+
+_BOXED = "\\boxed{"
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    i, depth = start + len(_BOXED), 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
+
+
+def extract_answer(text: str, loose: bool) -> Optional[str]:
+    """Final answer of a solution text: \\boxed{}, else after '####', else (loose) the last number."""
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        return tail.splitlines()[0].strip() if tail else ""
+    if loose:
+        nums = _NUMBER.findall(text)
+        return nums[-1] if nums else None
+    return text.strip()
+
+
+def _number(text: str) -> Optional[float]:
+    t = text.strip().replace(",", "").replace("$", "").replace("%", "").replace(" ", "")
+    t = t.rstrip(".")
+    m = re.fullmatch(r"\\frac\{(-?\d+)\}\{(\d+)\}", t)
+    if m:
+        t = f"{m.group(1)}/{m.group(2)}"
+    try:
+        return float(Fraction(t))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def answers_equal(pred: Optional[str], ref: str) -> bool:
+    if pred is None:
+        return False
+    a, b = _number(pred), _number(ref)
+    if a is not None and b is not None:
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    norm = lambda s: re.sub(r"\s+", " ", s.strip().strip(".").lower())   # noqa: E731
+    return norm(pred) == norm(ref)
+
+
+# ----------------------------------------------------------------------------------- built-ins
+
+def _exact_match(field: str) -> RewardFn:
+    def exact_match(completion: str, row: dict, completion_ids: list) -> float:
+        return float(completion.strip() == str(row[field]).strip())
+    return exact_match
+
+
+def _math_answer(field: str) -> RewardFn:
+    def math_answer(completion: str, row: dict, completion_ids: list) -> float:
+        ref = extract_answer(str(row[field]), loose=False)
+        return float(answers_equal(extract_answer(completion, loose=True), ref or ""))
+    return math_answer
+
+
+def _digits(field: str, tokens: ModelTokens) -> RewardFn:
+    tok, eos = tokens.tokenizer, tokens.eos_id
+
+    def digits(completion: str, row: dict, completion_ids: list) -> float:
+        target = list(tok(str(row[field]), add_special_tokens=False)["input_ids"]) + [eos]
+        got = list(completion_ids)[: len(target)]
+        return sum(1 for a, b in zip(got, target) if int(a) == b) / len(target)
+    return digits
+
+
+# ----------------------------------------------------------------------------------- resolution
+
+def _load_file(path: str, fn: str, spec: str):
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise DataError(f"task.reward={spec!r}: no such file {full}")
+    name = f"arl_reward_{abs(hash(full)):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    mod_spec = importlib.util.spec_from_file_location(name, full)
+    module = importlib.util.module_from_spec(mod_spec)
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise DataError(f"task.reward={spec!r}: importing {full} failed "
+                        f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    sys.modules[name] = module
+    return module
+
+
+def resolve_reward(task_cfg, tokens: ModelTokens) -> tuple[str, RewardFn]:
+    spec = task_cfg.reward if task_cfg.reward is not None else "digits"
+    field = task_cfg.answer_field
+    if spec == "exact_match":
+        return spec, _exact_match(field)
+    if spec == "math_answer":
+        return spec, _math_answer(field)
+    if spec == "digits":
+        return spec, _digits(field, tokens)
+    target, sep, fn = spec.rpartition(":")
+    if not sep or not target or not fn.isidentifier():
+        raise DataError(f"task.reward={spec!r}: not a built-in ({', '.join(BUILTIN)}) and not "
+                        f"'file.py:function' or 'module:function'")
+    if target.endswith(".py"):
+        module = _load_file(target, fn, spec)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise DataError(f"task.reward={spec!r}: cannot import {target} "
+                            f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    func = getattr(module, fn, None)
+    if func is None:
+        raise DataError(f"task.reward={spec!r}: {target} has no function {fn!r}")
+    if not callable(func):
+        raise DataError(f"task.reward={spec!r}: {target}.{fn} is not callable")
+    return spec, func

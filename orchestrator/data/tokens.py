@@ -1,0 +1,122 @@
+"""The model's tokens: tokenizer, stop ids, pad id, and prompt rendering (chat template or plain).
+
+Contract:
+- `load_tokens(model_path) -> ModelTokens`: with a local HF directory, its tokenizer
+  (`AutoTokenizer`, local files only), its stop ids (every `eos_token_id` of generation_config.json,
+  an int or a list, plus the tokenizer's eos) and its pad id (the tokenizer's, else the first stop
+  id). Without one, the built-in character tokenizer of `orchestrator.model` (stop: its eos).
+- `PromptRenderer(tokens, task_cfg)`: `ids(value) -> int32 array`. A list of chat messages
+  ({role, content} mappings) is rendered with the tokenizer's chat template and the generation
+  prompt, a `task.system_prompt` turn first unless the messages start with one. A plain string is
+  wrapped as one user turn when `task.apply_chat_template` is set, else tokenized as given (with the
+  tokenizer's own special tokens, e.g. a leading bos). Anything else raises `DataError`.
+  Rendered text is tokenized once; the ids are what the engine sees and what the trainer trains on.
+- `completion_text(tokens, ids)`: the text a reward sees: the completion without its final stop
+  token, decoded without special tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Bad workload input (dataset, prompt, reward spec); one line naming it; the launch exits 2."""
+
+
+@dataclass(frozen=True)
+class ModelTokens:
+    tokenizer: object
+    stop_ids: tuple[int, ...]
+    pad_id: int
+
+    @property
+    def eos_id(self) -> int:
+        return self.stop_ids[0]
+
+
+def _generation_eos(model_path: str) -> list[int]:
+    path = os.path.join(model_path, "generation_config.json")
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, "rb") as f:
+            eos = json.loads(f.read().decode("utf-8")).get("eos_token_id")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise DataError(f"model.path: cannot read {path} ({type(exc).__name__})") from None
+    eos = [eos] if isinstance(eos, int) else eos
+    if eos is None:
+        return []
+    if not isinstance(eos, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
+        raise DataError(f"model.path: eos_token_id in {path} is neither an int nor a list of ints")
+    return eos
+
+
+def load_tokens(model_path: Optional[str]) -> ModelTokens:
+    from orchestrator.model import build_tokenizer
+
+    tok = build_tokenizer(path=model_path)
+    stops: list[int] = []
+    if model_path is not None:
+        stops = _generation_eos(model_path)
+    if tok.eos_token_id is not None and tok.eos_token_id not in stops:
+        stops.append(int(tok.eos_token_id))
+    if not stops:
+        raise DataError(f"model.path={model_path}: neither generation_config.json nor the tokenizer "
+                        f"names an eos token (generation could never stop)")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
+    return ModelTokens(tok, tuple(int(s) for s in stops), int(pad))
+
+
+def completion_text(tokens: ModelTokens, ids) -> str:
+    ids = [int(t) for t in ids]
+    if ids and ids[-1] in tokens.stop_ids:
+        ids = ids[:-1]
+    return tokens.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class PromptRenderer:
+    def __init__(self, tokens: ModelTokens, task_cfg):
+        self.tok = tokens.tokenizer
+        self.system = task_cfg.system_prompt
+        self.wrap = bool(task_cfg.apply_chat_template)
+        self.field = task_cfg.prompt_field
+        if (self.wrap or self.system is not None) and not getattr(self.tok, "chat_template", None):
+            what = "task.system_prompt" if self.system is not None else "task.apply_chat_template"
+            raise DataError(f"{what} needs a chat template, and the tokenizer of model.path has none")
+
+    def _messages(self, value: list) -> list[dict]:
+        msgs = []
+        for m in value:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), str):
+                raise DataError(f"field '{self.field}': a chat message must be a mapping with string "
+                                f"'role' and 'content', got {str(m)[:80]!r}")
+            msgs.append({"role": m["role"], "content": m["content"]})
+        if not msgs:
+            raise DataError(f"field '{self.field}': an empty list of chat messages")
+        if self.system is not None and msgs[0]["role"] != "system":
+            msgs.insert(0, {"role": "system", "content": self.system})
+        return msgs
+
+    def ids(self, value) -> np.ndarray:
+        if isinstance(value, str):
+            if not self.wrap:
+                if self.system is not None:
+                    raise DataError("task.system_prompt with plain-string prompts needs "
+                                    "task.apply_chat_template: true")
+                return np.asarray(self.tok(value)["input_ids"], dtype=np.int32)
+            value = [{"role": "user", "content": value}]
+        if not isinstance(value, list):
+            raise DataError(f"field '{self.field}' holds a {type(value).__name__}, not a string or a "
+                            f"list of chat messages")
+        if not getattr(self.tok, "chat_template", None):
+            raise DataError(f"field '{self.field}' holds chat messages, and the tokenizer of "
+                            f"model.path has no chat template")
+        text = self.tok.apply_chat_template(self._messages(value), tokenize=False,
+                                            add_generation_prompt=True)
+        return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)

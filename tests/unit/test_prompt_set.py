@@ -1,0 +1,72 @@
+"""Datasets on the generic path (orchestrator.data.prompt_set): JSONL, Parquet and save_to_disk
+directories load through `datasets` (memory-mapped Arrow); overlong prompts are filtered and
+counted; the eval set is every row or a seeded choice; the stream visits every kept row once per
+epoch."""
+import json
+
+import numpy as np
+import pytest
+
+from orchestrator.data.tokens import DataError
+from tests.workload import prompts_and_reward, workload_config
+
+datasets = pytest.importorskip("datasets")
+
+ROWS = [{"prompt": f"{i}>" if i % 5 else "1" * 20 + ">", "answer": str(i)} for i in range(30)]
+
+
+def _write(tmp_path, kind):
+    if kind == "jsonl":
+        path = tmp_path / "d.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    elif kind == "parquet":
+        path = tmp_path / "d.parquet"
+        datasets.Dataset.from_list(ROWS).to_parquet(str(path))
+    elif kind == "disk":
+        path = tmp_path / "d"
+        datasets.Dataset.from_list(ROWS).save_to_disk(str(path))
+    else:                                   # a DatasetDict with one split
+        path = tmp_path / "dd"
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "disk", "dict"])
+def test_formats_filter_overlong_prompts_and_count_them(tmp_path, kind):
+    path = _write(tmp_path, kind)
+    cfg = workload_config(dataset=path, eval_dataset=path, reward="exact_match",
+                          max_prompt_tokens=8, num_train_prompts=50, num_eval_prompts=4)
+    prompts, reward = prompts_and_reward(cfg)
+    assert prompts.filtered == 2 * 6            # rows 0, 5, ..., 25 in train and in eval
+    assert prompts.max_prompt_tokens == 4        # bos + "29>"
+    rows = [prompts.train_prompt(i)[2] for i in range(24)]
+    assert sorted(rows) == [i for i in range(30) if i % 5]       # one epoch: every kept row once
+    evals = prompts.eval_prompts()
+    assert len(evals) == 4 and all(r % 5 for _, _, r in evals)
+    pid, ids, row = prompts.train_prompt(3)
+    assert ids.tolist() == prompts.renderer.ids(ROWS[row]["prompt"]).tolist()
+    assert reward(row, prompts.renderer.tok(ROWS[row]["answer"], add_special_tokens=False)["input_ids"]
+                  + [2]) == 1.0
+
+
+def test_a_datasetdict_of_several_splits_must_be_pointed_at_one(tmp_path):
+    path = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
+                          "test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(path))
+    with pytest.raises(DataError, match=r"splits \['test', 'train'\]"):
+        prompts_and_reward(workload_config(dataset=str(path), reward="exact_match"))
+
+
+def test_every_prompt_overlong_is_an_error(tmp_path):
+    path = _write(tmp_path, "jsonl")
+    with pytest.raises(DataError, match="every one of its 30 prompts"):
+        prompts_and_reward(workload_config(dataset=path, reward="exact_match", max_prompt_tokens=1))
+
+
+def test_the_stream_is_seeded(tmp_path):
+    path = _write(tmp_path, "jsonl")
+    cfg = workload_config(dataset=path, reward="exact_match")
+    a = [prompts_and_reward(cfg)[0].train_prompt(i)[2] for i in range(30)]
+    cfg.run.seed = 1
+    b = [prompts_and_reward(cfg)[0].train_prompt(i)[2] for i in range(30)]
+    assert sorted(a) == sorted(b) == list(range(30)) and a != b

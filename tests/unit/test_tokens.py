@@ -1,0 +1,109 @@
+"""The model's tokens (orchestrator.data.tokens) from a real HF model directory: stop ids from the
+generation config, chat rendering with the model's template, plain strings as given or wrapped, and
+the round trip sampled ids -> rollout record -> ring codec -> trainer batch, byte for byte."""
+import numpy as np
+import pytest
+
+from orchestrator.config import TaskConfig
+from orchestrator.data.tokens import DataError, PromptRenderer, completion_text, load_tokens
+
+pytest.importorskip("transformers")
+
+
+def _task(**kw):
+    return TaskConfig(name="dataset", dataset="unused.jsonl", reward="exact_match", **kw)
+
+
+def test_stop_ids_are_every_eos_of_the_generation_config(hf_model_dir):
+    tokens = load_tokens(str(hf_model_dir))
+    tok = tokens.tokenizer
+    assert set(tokens.stop_ids) == {tok.convert_tokens_to_ids("<|im_end|>"),
+                                    tok.convert_tokens_to_ids("<|endoftext|>")}
+    assert tokens.pad_id == tok.convert_tokens_to_ids("<|endoftext|>")
+    builtin = load_tokens(None)
+    assert builtin.stop_ids == (builtin.tokenizer.eos_token_id,)
+
+
+def test_chat_messages_render_with_the_template_and_generation_prompt(hf_model_dir):
+    tokens = load_tokens(str(hf_model_dir))
+    r = PromptRenderer(tokens, _task(system_prompt="Be brief."))
+    ids = r.ids([{"role": "user", "content": "copy 47"}])
+    assert ids.dtype == np.int32
+    assert tokens.tokenizer.decode(ids) == ("<|im_start|>system\nBe brief.<|im_end|>\n"
+                                            "<|im_start|>user\ncopy 47<|im_end|>\n<|im_start|>assistant\n")
+    own = r.ids([{"role": "system", "content": "Mine."}, {"role": "user", "content": "x"}])
+    assert tokens.tokenizer.decode(own).count("system") == 1 and "Mine." in tokens.tokenizer.decode(own)
+
+
+def test_plain_strings_as_given_or_wrapped(hf_model_dir):
+    tokens = load_tokens(str(hf_model_dir))
+    plain = PromptRenderer(tokens, _task()).ids("copy the digits")
+    assert plain.tolist() == tokens.tokenizer("copy the digits")["input_ids"]
+    wrapped = PromptRenderer(tokens, _task(apply_chat_template=True)).ids("copy the digits")
+    assert tokens.tokenizer.decode(wrapped) == \
+        "<|im_start|>user\ncopy the digits<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("value, needle", [
+    (3, "int"), ([], "empty"), ([{"role": "user"}], "'role' and 'content'"),
+])
+def test_bad_prompt_values_are_data_errors(hf_model_dir, value, needle):
+    with pytest.raises(DataError, match=needle):
+        PromptRenderer(load_tokens(str(hf_model_dir)), _task()).ids(value)
+
+
+def test_chat_needs_a_template():
+    with pytest.raises(DataError, match="chat template"):
+        PromptRenderer(load_tokens(None), _task(system_prompt="x"))
+    with pytest.raises(DataError, match="chat template"):
+        PromptRenderer(load_tokens(None), _task()).ids([{"role": "user", "content": "x"}])
+
+
+def test_completion_text_drops_the_final_stop_and_special_tokens(hf_model_dir):
+    tokens = load_tokens(str(hf_model_dir))
+    tok = tokens.tokenizer
+    ids = tok("the answer is 42", add_special_tokens=False)["input_ids"]
+    assert completion_text(tokens, ids + [tokens.stop_ids[0]]) == "the answer is 42"
+    assert completion_text(tokens, ids) == "the answer is 42"
+
+
+def test_sampled_ids_reach_the_trainer_byte_for_byte(hf_model_dir):
+    """Chat prompts (special tokens, multi-token template text) -> TorchInference samples ->
+    rollout record -> encode/decode (the ring codec) -> batch -> the trainer's padded ids: equal,
+    and the trainer's recomputed logprobs match the sampled ones (same ids, same positions)."""
+    import torch
+
+    from orchestrator.backends.base import GenRequest
+    from orchestrator.backends.torch_inference import TorchInference
+    from orchestrator.backends.torch_trainer import TorchTrainer, pad_batch
+    from orchestrator.config import ActorConfig, InferenceConfig, ModelConfig, RolloutConfig
+    from shm.codec import concat, decode, encode
+
+    mc = ModelConfig(path=str(hf_model_dir))
+    tc = _task(system_prompt="Be brief.")
+    tokens = load_tokens(mc.path)
+    r = PromptRenderer(tokens, tc)
+    prompts = [r.ids([{"role": "user", "content": t}]) for t in ("copy 47", "reason step by step")]
+    inf = TorchInference(mc, tc, RolloutConfig(), InferenceConfig(backend="torch"), seed=0)
+    for k, p in enumerate(prompts):
+        inf.add(GenRequest(k, k, p, 3, 12, 1.0))
+    groups = {}
+    while inf.num_active():
+        for res in inf.step(0.0):
+            groups[res.request_id] = res.sequences
+    sampled = [groups[k] for k in sorted(groups)]
+    batch = decode(bytes(encode(concat(sampled, kind=2, ident=1, version=0))))
+    trainer = TorchTrainer(mc, ActorConfig(backend="torch"), tc, seed=0)
+    padded = pad_batch(batch, trainer.pad_id)
+    i = 0
+    for g in sampled:
+        for j in range(g.n):
+            want = g.tokens[g.seq(j)]
+            assert want[:len(prompts[g.ident])].tolist() == prompts[g.ident].tolist()
+            assert np.asarray(batch.tokens[batch.seq(i)]).tobytes() == want.tobytes()
+            assert padded["ids"][i, :len(want)].tolist() == want.tolist()
+            i += 1
+    lp = trainer.compute_logprobs(batch)
+    mask = batch.loss_mask.astype(bool)
+    assert mask.any()
+    np.testing.assert_allclose(lp[mask], batch.logprobs[mask], atol=1e-4)
