@@ -8,7 +8,7 @@ columnar batch (`shm.codec.Sequences`) per step and exposes its weights as one f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -60,13 +60,14 @@ class TrainerBackend(Protocol):
     def close(self) -> None: ...
 
 
-RewardFn = Callable[[int, np.ndarray, bool], float]  # (prompt_id, completion_tokens, eval) -> reward
-
-
 class Task(Protocol):
-    """A prompt set with a verifiable reward."""
-    def train_prompt(self, index: int) -> tuple[int, np.ndarray]: ...
-    def eval_prompts(self) -> list[tuple[int, np.ndarray]]: ...
-    def reward(self, prompt_id: int, completion: np.ndarray, eval: bool) -> float: ...
+    """A prompt source (orchestrator.prompts.build_task): the supervisor admits its prompts; the
+    inference worker's reward pool scores completions against the dataset row a prompt names."""
+    max_prompt_tokens: int
+    filtered: int
+
+    def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
+        """(prompt id, int32 token ids, dataset row or -1) of stream index `index`."""
+    def eval_prompts(self) -> list[tuple[int, np.ndarray, int]]: ...
     @property
     def num_train(self) -> int: ...

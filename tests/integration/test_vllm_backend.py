@@ -105,7 +105,7 @@ def test_generates_the_torch_inference_layout(backend):
             gen = toks[p:]
             assert 1 <= len(gen) <= MAX_NEW and np.all(m[p:] == 1) and np.all(v[p:] == 0)
             assert np.all(lp[p:] < 0) and np.all(np.isfinite(lp[p:]))
-            eos = np.flatnonzero(gen == inf.eos_id)
+            eos = np.flatnonzero(np.isin(gen, inf.stop_ids))
             assert eos.size == 0 and len(gen) == MAX_NEW or list(eos) == [len(gen) - 1]
             eos_seen += eos.size
     print(f"samples ending in eos: {eos_seen}/15")
@@ -235,3 +235,31 @@ def test_launch_end_to_end_with_vllm_inference(tmp_path):
     assert all(r["age_max"] is None or r["age_max"] <= 2 for r in steps)
     assert not psutil.Process().children(recursive=True)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*"))) == before
+
+
+def test_vllm_loads_a_checkpoints_hf_export(backend, tmp_path):
+    """The `hf/` a checkpoint holds (an HF model with tied embeddings, BPE tokenizer, chat template,
+    two eos ids) loads in vLLM as is, and vLLM samples under exactly the trained weights."""
+    from tests.hf_model import build_hf_model_dir
+    from orchestrator.data.tokens import PromptRenderer, load_tokens
+
+    source = build_hf_model_dir(tmp_path / "model", hidden_size=64, heads=HEADS)
+    train_cfg = Config(model=ModelConfig(path=str(source)), task=TaskConfig(name="copy2"),
+                       inference=InferenceConfig(backend="vllm"), actor=ActorConfig(backend="torch"))
+    tr = _trainer(train_cfg, lr=1e-2)
+    tokens = load_tokens(str(source))
+    prompt = PromptRenderer(tokens, TaskConfig(name="copy2", apply_chat_template=True)).ids("copy 47")
+    seqs = concat([_run(backend(train_cfg), [GenRequest(0, 0, prompt, 8, MAX_NEW, 1.0)])[0]],
+                  kind=2, ident=0, version=0)
+    seqs.advantages[:] = np.arange(seqs.n) % 2 - 0.5
+    assert tr.train_step(seqs)["skipped"] == 0
+    tr.save(str(tmp_path / "ckpt"))
+    exported = tmp_path / "ckpt" / "hf"
+    cfg = Config(model=ModelConfig(path=str(exported)), task=TaskConfig(name="copy2"),
+                 inference=InferenceConfig(backend="vllm", max_batch=16), actor=ActorConfig(backend="torch"))
+    inf = backend(cfg)
+    assert set(inf.stop_ids) == set(tokens.stop_ids)
+    batch = concat(_run(inf, [GenRequest(1, 0, prompt, 8, MAX_NEW, 1.0)]), kind=2, ident=1, version=0)
+    mask = batch.loss_mask.astype(bool)
+    err = np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
+    assert mask.any() and err.max() < TOL

@@ -37,6 +37,8 @@ def test_formats_filter_overlong_prompts_and_count_them(tmp_path, kind):
     cfg = workload_config(dataset=path, eval_dataset=path, reward="exact_match",
                           max_prompt_tokens=8, num_train_prompts=50, num_eval_prompts=4)
     prompts, reward = prompts_and_reward(cfg)
+    for ds in (prompts.train, prompts.eval):    # Arrow files mapped, not read into the heap
+        assert type(ds.data).__name__ == "MemoryMappedTable" and ds.cache_files
     assert prompts.filtered == 2 * 6            # rows 0, 5, ..., 25 in train and in eval
     assert prompts.max_prompt_tokens == 4        # bos + "29>"
     rows = [prompts.train_prompt(i)[2] for i in range(24)]
@@ -66,7 +68,9 @@ def test_every_prompt_overlong_is_an_error(tmp_path):
 def test_the_stream_is_seeded(tmp_path):
     path = _write(tmp_path, "jsonl")
     cfg = workload_config(dataset=path, reward="exact_match")
-    a = [prompts_and_reward(cfg)[0].train_prompt(i)[2] for i in range(30)]
+    pa = prompts_and_reward(cfg)[0]
+    a = [pa.train_prompt(i)[2] for i in range(30)]
     cfg.run.seed = 1
-    b = [prompts_and_reward(cfg)[0].train_prompt(i)[2] for i in range(30)]
+    pb = prompts_and_reward(cfg)[0]
+    b = [pb.train_prompt(i)[2] for i in range(30)]
     assert sorted(a) == sorted(b) == list(range(30)) and a != b
