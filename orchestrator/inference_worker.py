@@ -52,6 +52,10 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
 
     reqs: dict[int, tuple[bool, int]] = {}        # request id -> (eval, dataset row)
 
+    def requests_waiting() -> bool:
+        head, tail = req.positions()
+        return head != tail
+
     def emit(seqs) -> None:
         out.put(encode(seqs), timeout=PUT_TIMEOUT_S)
         ctx.bell.ring()
@@ -92,7 +96,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     rewards.submit(seqs, row, is_eval)
             if rewards is not None:       # BadEnvOutput propagates: the run stops with exit 2
                 idle = not backend.num_active()       # then groups finished together leave together
-                for seqs in rewards.ready(IDLE_WAIT_S if idle else 0.0):
+                for seqs in rewards.ready(IDLE_WAIT_S if idle else 0.0, until=requests_waiting):
                     emit(seqs)
             ctx.check_parent()
     finally:

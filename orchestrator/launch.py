@@ -86,8 +86,10 @@ def _run(cfg, plan, stop, task) -> int:
         print(f"warning: {w}", file=sys.stderr)
     progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress)
     if task.filtered:
-        log.warning("%d prompts longer than task.max_prompt_tokens=%s were filtered out",
-                    task.filtered, cfg.task.max_prompt_tokens)
+        line = (f"{task.filtered} prompts longer than task.max_prompt_tokens="
+                f"{cfg.task.max_prompt_tokens} were filtered out (task.overlong_prompts=filter)")
+        log.warning("%s", line)
+        print(f"warning: {line}", file=sys.stderr)
     sup = Supervisor(cfg, plan.run_dir, start_step=plan.start_step, cursor_state=plan.cursor_state,
                      checkpoint=plan.checkpoint, checkpoint_state=plan.state, stop=stop,
                      on_metrics=progress.update, task=task)

@@ -30,7 +30,7 @@ from orchestrator.data.tokens import ModelTokens, completion_text
 
 REWARD_ERRORS = 0           # Sequences.scalars[REWARD_ERRORS] of a scored group
 MAX_STUCK_PER_WORKER = 4
-WAIT_SLICE_S = 0.01         # ready(wait_s) re-checks timeouts at least this often
+WAIT_SLICE_S = 0.002        # ready(wait_s) re-checks timeouts and `until` this often
 
 
 class BadEnvOutput(ValueError):
@@ -130,11 +130,12 @@ class RewardPool:
             return 0.0, where.format(f"returned {r!r}"[:200] + ", not a finite number")
         return float(r), None
 
-    def ready(self, wait_s: float = 0.0) -> list:
-        """Scored groups; waits up to `wait_s` for every pending group to be scored (the worker
-        waits only while its backend is idle, so groups finished together leave together)."""
+    def ready(self, wait_s: float = 0.0, until: Optional[Callable[[], bool]] = None) -> list:
+        """Scored groups; waits up to `wait_s` for every pending group to be scored, or until
+        `until()` (checked every WAIT_SLICE_S) says there is other work (the worker waits only while
+        its backend is idle and no request is waiting, so groups finished together leave together)."""
         out, end = self._collect(), time.monotonic() + wait_s
-        while self._pending and (left := end - time.monotonic()) > 0:
+        while self._pending and (left := end - time.monotonic()) > 0 and not (until and until()):
             with self._cv:
                 if not any(c.done for g in self._pending for c in g.calls if c.scored is None):
                     self._cv.wait(min(left, WAIT_SLICE_S))

@@ -112,3 +112,18 @@ def test_tolerated_reward_errors_are_counted_in_step_lines(tmp_path):
     assert len(lines) == 8
     # prompt 13's row is drawn once per 20 prompts; each of its 16 samples fails
     assert sum(r["reward_errors"] for r in lines) % 16 == 0 and sum(r["reward_errors"] for r in lines) >= 16
+
+
+def test_overlong_prompts_are_filtered_counted_and_never_trained(tmp_path):
+    from orchestrator.durable import read_record
+    from shm.codec import decode
+
+    long_rows = [{"prompt": "9" * 12 + ">", "answer": "9"}] * 5
+    write_jsonl(tmp_path / "d.jsonl", digit_rows() + long_rows)
+    out = launch(tmp_path, f"task.dataset={tmp_path / 'd.jsonl'}", "task.reward=digits",
+                 "task.max_prompt_tokens=8", "run.total_steps=4")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "warning: 5 prompts longer than task.max_prompt_tokens=8 were filtered out" in out.stderr
+    for step in range(1, 5):
+        batch = decode(read_record(str(tmp_path / "run" / "batches" / f"step_{step:08d}.rec")))
+        assert max(int(p) for p in batch.prompt_lens) <= 8

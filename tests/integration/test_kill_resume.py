@@ -21,8 +21,8 @@ def load():
     return mod
 
 
-def soak(tmp_path, *args, timeout=400):
-    out = subprocess.run([sys.executable, "scripts/kill_resume.py", "--config", "configs/sim.yaml",
+def soak(tmp_path, *args, timeout=400, config="configs/sim.yaml"):
+    out = subprocess.run([sys.executable, "scripts/kill_resume.py", "--config", config,
                           "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs"),
                           *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in out.stderr, out.stderr
@@ -49,6 +49,23 @@ def test_kill_resume_soak_covers_every_phase(tmp_path):
                        "--timeout", "120", "--drain-window", "0.5",
                        "run.total_steps=60", "run.checkpoint_every=5", "actor.sim.step_time_s=0.03")
     assert_recovered(out, result)
+
+
+def test_kill_resume_with_a_dataset_keeps_prompts_exactly_once(tmp_path):
+    """The generic path: a JSONL dataset, the tiny torch model and the digits reward; a stream of
+    fewer prompts than the run trains (epochs wrap) survives kills in steady state, at checkpoints
+    and during recovery with every prompt trained exactly once."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i:02d}>", "answer": f"{i:02d}"}) + "\n"
+                            for i in range(100)))
+    out, result = soak(tmp_path, "--kills", "3", "--seed", "1", "--phases",
+                       "steady,checkpoint,recovery", "--hang-timeout", "60", "--timeout", "120",
+                       "run.total_steps=30", "run.checkpoint_every=5", "task.name=dataset",
+                       f"task.dataset={data}", "task.reward=digits", "eval.every_steps=0",
+                       "task.num_train_prompts=150", config="configs/default.yaml")
+    assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
+    assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
+    assert result["prompts_exactly_once"] and result["shm_leftovers"] == []
 
 
 @pytest.mark.slow
