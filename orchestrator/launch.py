@@ -2,9 +2,9 @@
 
 With no arguments it runs the embedded default job (`configs/default.yaml`). Exit codes: 0 success;
 2 bad configuration or input (config, model directory, datasets, reward function: one line naming
-the field, no traceback, nothing started, nothing in /dev/shm); 1 any other failure (message + log path); 128+signal when stopped by SIGINT/SIGTERM
-before the target, at any moment from the first instant (startup and resume recovery included).
-One launch holds run.dir at a time (run.lock). This module stays light: workers re-import it under
+the field, no traceback, nothing started, nothing in /dev/shm); 1 any other failure (message + log
+path); 128+signal when stopped by SIGINT/SIGTERM before the target, at any moment from the first
+instant (startup and resume recovery included). One launch holds run.dir at a time (run.lock). This module stays light: workers re-import it under
 the spawn start method.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _main(argv, stop) -> int:
         cfg = load_config(args.config, args.overrides)
         task = build_task(cfg)          # tokenizer, datasets, reward: bad input fails here
         check_machine(cfg, task.max_prompt_tokens)
-        plan = prepare_run_dir(cfg)
+        plan = prepare_run_dir(cfg, task.identity)
     except (ConfigError, RunDirError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ class SimPrompts:
             prompt_tokens, num_train, num_eval, seed)
         self.max_prompt_tokens = prompt_tokens
         self.filtered = 0
+        self.identity = None          # a pure function of the config: nothing to compare
 
     def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
         i = index % self.num_train

@@ -3,14 +3,15 @@
 Layout: config.yaml (resolved), metrics.jsonl, run.lock, checkpoints/step_NNNNNNNN/{supervisor.json,
 rollouts.rec,trainer/,MANIFEST.json}, checkpoints/latest, batches/step_NNNNNNNN.rec, logs/.
 
-`prepare_run_dir(cfg)` checks the directory before anything starts and raises `RunDirError` (exit 2,
+`prepare_run_dir(cfg, data)` checks the directory before anything starts and raises `RunDirError` (exit 2,
 one line naming the path or field) when:
 - it is not usable: `run.dir` empty, a file where a directory belongs or the reverse, not writable;
 - another live process holds it (an exclusive `flock` on run.lock, kept by the returned plan's
   `lock` for the life of the launch process; the holder's pid is named);
 - no checkpoint is valid but some exist (damaged: they are never deleted silently), or
   `run.resume=must` finds none;
-- the checkpoint cannot serve this config (`RESUME_FIXED` fields differ: both values named);
+- the checkpoint cannot serve this config (`RESUME_FIXED` fields differ: both values named), or
+  the training prompts differ from the ones it was trained on (`check_data`);
 - `run.resume_step` names no valid checkpoint (a roll-back: checkpoints after it are deleted);
 - metrics.jsonl lacks step lines that the checkpoint covers.
 On resume from step k it picks the newest valid checkpoint (`checkpoint.find_resumable`; damaged
@@ -138,6 +139,19 @@ def check_compatible(cfg: Config, saved: Optional[dict], where: str) -> None:
                               f"run.resume=never)")
 
 
+def check_data(identity: Optional[dict], state: dict, where: str) -> None:
+    """Refuse a resume whose training prompts differ from the checkpoint's (`PromptSet.identity`):
+    the saved cursor and redo list index a prompt stream that would no longer be the same."""
+    saved = state.get("data")
+    if saved is None or identity is None or saved == identity:
+        return
+    raise RunDirError(f"cannot resume {where}: the training prompts changed since it was written "
+                      f"({saved.get('prompts')} prompts, digest {str(saved.get('digest'))[:12]} then; "
+                      f"{identity['prompts']}, {identity['digest'][:12]} now), so the prompt stream "
+                      f"would not stay exactly once: restore task.dataset, or start a new run.dir / "
+                      f"run.resume=never")
+
+
 def _saved_config(run_dir: str, state: dict) -> Optional[dict]:
     if isinstance(state.get("config"), dict):
         return state["config"]
@@ -226,14 +240,15 @@ def _roll_back(run_dir: str, step: int, found: checkpoint.Found) -> None:
             shutil.rmtree(path)
 
 
-def prepare_run_dir(cfg: Config) -> RunPlan:
+def prepare_run_dir(cfg: Config, data: Optional[dict] = None) -> RunPlan:
+    """`data`: the loaded prompt set's identity (compared with the checkpoint's on resume)."""
     if not cfg.run.dir.strip():
         raise RunDirError("invalid config field 'run.dir': must not be empty")
     run_dir = os.path.abspath(cfg.run.dir)
     _check_layout(run_dir)
     lock = RunLock(run_dir)
     try:
-        plan = _plan(cfg, run_dir)
+        plan = _plan(cfg, run_dir, data)
     except BaseException:
         lock.release()
         raise
@@ -241,7 +256,7 @@ def prepare_run_dir(cfg: Config) -> RunPlan:
     return plan
 
 
-def _plan(cfg: Config, run_dir: str) -> RunPlan:
+def _plan(cfg: Config, run_dir: str, data: Optional[dict]) -> RunPlan:
     ckdir = os.path.join(run_dir, "checkpoints")
     if cfg.run.resume == "never":
         found = checkpoint.Found(None, None)
@@ -266,6 +281,7 @@ def _plan(cfg: Config, run_dir: str) -> RunPlan:
         state = found.state
         start = int(state["step"])
         check_compatible(cfg, _saved_config(run_dir, state), f"from {found.path}")
+        check_data(data, state, f"from {found.path}")
         try:
             latest = open(os.path.join(ckdir, "latest")).read().strip()
         except (OSError, UnicodeDecodeError):

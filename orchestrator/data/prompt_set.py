@@ -10,7 +10,9 @@ Contract:
   answer column, when the reward reads it) exists, renders every prompt once at load to measure it
   (only the kept row indices stay in memory), and handles prompts longer than
   `task.max_prompt_tokens` per `task.overlong_prompts` (dropped and counted in `filtered`, or a
-  `DataError` naming the row). `max_prompt_tokens` is the longest kept prompt.
+  `DataError` naming the row). `max_prompt_tokens` is the longest kept prompt. `identity` (kept
+  training prompts and a digest of their rows and token ids) goes into every checkpoint: a resume
+  whose prompts differ would break exactly-once, and is refused (run_dir.check_data).
 - The stream: `train_prompt(index) -> (prompt_id, ids, row)`, deterministic in (seed, index):
   `prompt_id = index % task.num_train_prompts`; prompt ids walk seeded permutations of the kept
   rows, epoch by epoch; `row` is the dataset row index (what the reward looks up). `eval_prompts()`
@@ -19,6 +21,7 @@ Contract:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Optional
 
@@ -87,7 +90,9 @@ class PromptSet:
         self.train, self.eval = train, eval
         self.filtered = 0
         self.max_prompt_tokens = 0
-        self._pool = self._measure(train, names[0], task_cfg, needs_answer)
+        self._digest = hashlib.blake2b(digest_size=16)
+        self._pool = self._measure(train, names[0], task_cfg, needs_answer, self._digest)
+        self.identity = {"prompts": int(len(self._pool)), "digest": self._digest.hexdigest()}
         self._eval_rows = np.zeros(0, np.int64)
         if eval is not None:
             rows = self._measure(eval, names[1], task_cfg, needs_answer)
@@ -99,7 +104,7 @@ class PromptSet:
         self._perm_cache: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ load
-    def _measure(self, ds, what: str, task_cfg, needs_answer: bool) -> np.ndarray:
+    def _measure(self, ds, what: str, task_cfg, needs_answer: bool, digest=None) -> np.ndarray:
         for col, field in ((self.field, "task.prompt_field"),
                            *(((task_cfg.answer_field, "task.answer_field"),) if needs_answer else ())):
             if col not in ds.column_names:
@@ -109,9 +114,10 @@ class PromptSet:
         for batch in ds.select_columns([self.field]).iter(batch_size=BATCH_ROWS):
             for value in batch[self.field]:
                 try:
-                    n = len(self.renderer.ids(value))
+                    ids = self.renderer.ids(value)
                 except DataError as exc:
                     raise DataError(f"{what} row {row}: {exc}") from None
+                n = len(ids)
                 if n == 0:
                     raise DataError(f"{what} row {row}: the prompt renders to no tokens")
                 if self.limit is not None and n > self.limit:
@@ -123,6 +129,8 @@ class PromptSet:
                 else:
                     keep.append(row)
                     self.max_prompt_tokens = max(self.max_prompt_tokens, n)
+                    if digest is not None:
+                        digest.update(np.array([row, n], np.int64).tobytes() + ids.tobytes())
                 row += 1
         if not keep:
             raise DataError(f"{what}: every one of its {row} prompts is longer than "

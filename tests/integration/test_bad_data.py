@@ -127,3 +127,22 @@ def test_overlong_prompts_are_filtered_counted_and_never_trained(tmp_path):
     for step in range(1, 5):
         batch = decode(read_record(str(tmp_path / "run" / "batches" / f"step_{step:08d}.rec")))
         assert max(int(p) for p in batch.prompt_lens) <= 8
+
+
+def test_resume_refuses_changed_training_prompts(tmp_path):
+    """The checkpoint's cursor indexes the prompt stream: if the dataset's prompts changed, resuming
+    would train some prompts twice and skip others, so it is exit 2; the same prompts rewritten
+    (a new mtime, the same content) resume."""
+    data = write_jsonl(tmp_path / "d.jsonl", digit_rows())
+    args = [f"task.dataset={data}", "task.reward=digits", "run.total_steps=4", "run.checkpoint_every=2"]
+    first = launch(tmp_path, *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    write_jsonl(data, digit_rows())                                   # same prompts, new file
+    again = launch(tmp_path, *args[:-2], "run.total_steps=6", "run.checkpoint_every=2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [r["step"] for r in steps(tmp_path / "run")] == list(range(1, 7))
+    write_jsonl(data, digit_rows()[::-1])                              # same rows, another order
+    changed = launch(tmp_path, *args[:-2], "run.total_steps=8")
+    assert changed.returncode == 2
+    line = changed.stderr.strip().splitlines()[-1]
+    assert "training prompts changed" in line and "step_00000006" in line, line
