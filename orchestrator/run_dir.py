@@ -39,11 +39,12 @@ DIRS = ("checkpoints", "batches", "logs")
 FILES = ("config.yaml", "metrics.jsonl", "run.lock")
 LOCK = "run.lock"
 # config fields a checkpoint fixes: changing them on resume breaks the trainer state, the prompt
-# stream (exactly-once) or the meaning of the saved rollouts
+# stream (exactly-once) or the meaning of the saved rollouts. task.dataset may move: its prompts
+# themselves are compared (check_data)
 RESUME_FIXED = (
     "model.path", "model.hidden_size", "model.num_layers", "model.num_heads", "model.max_seq_len",
     "model.dtype", "rollout.consumer_batch_size", "rollout.group_size", "inference.backend",
-    "actor.backend", "task.name", "task.num_train_prompts", "run.seed", "task.dataset",
+    "actor.backend", "task.name", "task.num_train_prompts", "run.seed",
     "task.prompt_field", "task.system_prompt", "task.apply_chat_template", "task.max_prompt_tokens",
     "task.overlong_prompts",
     "inference.sim.prompt_tokens", "actor.sim.weight_bytes",

@@ -114,8 +114,8 @@ class RewardPool:
         if not c.done:
             if c.started is None or now - c.started <= self.timeout_s:
                 return None
-            self._stuck.append(c)
-            if len([s for s in self._stuck if not s.done]) > MAX_STUCK_PER_WORKER * self.workers:
+            self._stuck = [s for s in self._stuck if not s.done] + [c]
+            if len(self._stuck) > MAX_STUCK_PER_WORKER * self.workers:
                 raise BadEnvOutput(where.format(f"left more than {MAX_STUCK_PER_WORKER * self.workers} "
                                                 f"calls running past task.reward_timeout_s"))
             self._threads.append(self._spawn())

@@ -131,14 +131,15 @@ def test_overlong_prompts_are_filtered_counted_and_never_trained(tmp_path):
 
 def test_resume_refuses_changed_training_prompts(tmp_path):
     """The checkpoint's cursor indexes the prompt stream: if the dataset's prompts changed, resuming
-    would train some prompts twice and skip others, so it is exit 2; the same prompts rewritten
-    (a new mtime, the same content) resume."""
+    would train some prompts twice and skip others, so it is exit 2; the same prompts in a file
+    moved elsewhere resume."""
     data = write_jsonl(tmp_path / "d.jsonl", digit_rows())
     args = [f"task.dataset={data}", "task.reward=digits", "run.total_steps=4", "run.checkpoint_every=2"]
     first = launch(tmp_path, *args)
     assert first.returncode == 0, first.stderr[-2000:]
-    write_jsonl(data, digit_rows())                                   # same prompts, new file
-    again = launch(tmp_path, *args[:-2], "run.total_steps=6", "run.checkpoint_every=2")
+    moved = write_jsonl(tmp_path / "moved.jsonl", digit_rows())       # same prompts, moved
+    again = launch(tmp_path, f"task.dataset={moved}", *args[1:-2], "run.total_steps=6",
+                   "run.checkpoint_every=2")
     assert again.returncode == 0, again.stderr[-2000:]
     assert [r["step"] for r in steps(tmp_path / "run")] == list(range(1, 7))
     write_jsonl(data, digit_rows()[::-1])                              # same rows, another order
