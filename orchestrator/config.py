@@ -180,6 +180,11 @@ class ActorConfig(_Section):
     ppo_epochs: int = Field(1, ge=1, le=1000, description="optimizer passes over each batch (<= 1000: "
                             "more only overfits one batch)")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus on loss-masked tokens (0: off)")
+    logprob_diff_limit: Optional[float] = Field(
+        None, gt=0, description="fail the run when a step's logprob_diff_mean (mean |trainer - "
+        "inference| logprob over tokens sampled by the weights the trainer recomputed with; needs "
+        "recompute_logprob) exceeds this: inference is not sampling from the trained weights. "
+        "None: reported only")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="learning-rate schedule over run.total_steps")
     lr_min_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of actor.lr")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")

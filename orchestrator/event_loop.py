@@ -38,6 +38,19 @@ from shm.codec import decode, encode
 
 log = logging.getLogger("orchestrator.event_loop")
 IDLE_WAIT_S = 0.05
+MISMATCH = ("logprob_diff_mean", "logprob_diff_max")    # trainer stats promoted to the step line
+
+
+def check_mismatch(step: int, stats: dict, limit) -> None:
+    """Fail the run (exit 1) when the trainer's logprob_diff_mean exceeds actor.logprob_diff_limit."""
+    diff = stats.get("logprob_diff_mean")
+    if limit is None or diff is None or diff <= limit:
+        return
+    raise RunFailed(
+        f"step {step}: inference and trainer logprobs differ by {diff:.3g} on average (max "
+        f"{stats.get('logprob_diff_max', diff):.3g}) over {int(stats.get('logprob_diff_tokens', 0))} "
+        f"tokens sampled by the weights the trainer holds, above actor.logprob_diff_limit={limit:g}: "
+        f"inference is not sampling from the trained weights (weight load, dtype or kernels)", 1)
 
 
 @dataclass
@@ -331,14 +344,15 @@ class EventLoop:
             out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
             parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
             reward_mean=info.reward_mean, reward_errors=info.reward_errors,
-            loss=done.stats.get("loss"),
+            loss=done.stats.get("loss"), **{k: done.stats.get(k) for k in MISMATCH},
             resumed=first_after_resume,
             train_s=done.train_s, groups=info.groups,
             spanning=sum(1 for st in stamps if st is not None and st.spans_versions),
             not_live=sum(1 for st in stamps if st is None),
-            **{f"train_{k}": v for k, v in done.stats.items() if k != "loss"})
+            **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})
         self.admitted_since_step = 0
         self.lines_written = done.step
+        check_mismatch(done.step, done.stats, self.cfg.actor.logprob_diff_limit)
         self.last_ages = {k: v for k, v in ages.items() if k != "age_mean"}
         self.last_parked_s = parked
 

@@ -14,7 +14,11 @@ Contract (TrainerBackend of base.py):
   loss-masked tokens), each: backward, clip grad norm to `actor.max_grad_norm`, Adam step. A batch
   with no loss-masked token, or only zero advantages and no entropy bonus, is skipped: no update, stats
   with loss 0 and skipped 1. Stats are python floats: loss, clip_frac, imp_weight_mean,
-  behav_capped_frac, approx_kl, grad_norm, tokens, sequences, skipped, steps (updates so far).
+  behav_capped_frac, approx_kl, grad_norm, tokens, sequences, skipped, steps (updates so far), and
+  when recomputing: logprob_diff_mean / logprob_diff_max / logprob_diff_tokens, the |recomputed -
+  behaviour| logprob over loss-masked tokens sampled at `batch.version` (the weights the trainer
+  holds): inference and trainer disagreeing on the same weights (a silent weight-load bug, a
+  kernel or dtype mismatch) shows here.
 - `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.model.
 - `save(dir)` / `load(dir)`: `hf/` (an HF model directory: config, generation config, safetensors
   weights, tokenizer files; what `AutoModelForCausalLM.from_pretrained` and vLLM load as is, and what
@@ -52,6 +56,7 @@ def pad_batch(batch: Sequences, pad_id: int) -> dict[str, np.ndarray]:
     behav = np.zeros((n, width), dtype=np.float32)
     mask = np.zeros((n, width), dtype=bool)
     adv = np.zeros((n, width), dtype=np.float32)
+    vers = np.full((n, width), -1, dtype=np.int64)
     for i in range(n):
         a, b = int(offsets[i]), int(offsets[i + 1])
         k = b - a
@@ -60,9 +65,10 @@ def pad_batch(batch: Sequences, pad_id: int) -> dict[str, np.ndarray]:
         behav[i, :k] = batch.logprobs[a:b]
         mask[i, :k] = np.asarray(batch.loss_mask[a:b], dtype=bool)
         adv[i, :k] = float(batch.advantages[i])
+        vers[i, :k] = batch.versions[a:b]
     if width:
         mask[:, 0] = False  # the first token has no predicting position
-    return {"ids": ids, "attn": attn, "behav": behav, "mask": mask, "adv": adv}
+    return {"ids": ids, "attn": attn, "behav": behav, "mask": mask, "adv": adv, "vers": vers}
 
 
 def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float,
@@ -132,10 +138,17 @@ class TorchTrainer:
 
         behav = t["behav"]
         prox: Optional[torch.Tensor] = None
+        mismatch: dict[str, float] = {}
         if self.cfg.recompute_logprob:
             self.model.eval()
             with torch.no_grad():
                 prox = token_logprobs(self.model, t["ids"], t["attn"], self.temperature)
+            same = mask & (t["vers"] == batch.version)  # sampled by the weights recomputed here
+            if bool(same.any()):
+                diff = (prox - behav).abs()[same]
+                mismatch = {"logprob_diff_mean": float(diff.mean()),
+                            "logprob_diff_max": float(diff.max()),
+                            "logprob_diff_tokens": float(same.sum())}
             if not self.cfg.use_decoupled_loss:
                 behav, prox = prox, None  # standard PPO anchored at the recomputed policy
 
@@ -163,7 +176,7 @@ class TorchTrainer:
         self.steps += 1
         out = {k: v / self.cfg.ppo_epochs for k, v in totals.items()}
         out.update(tokens=float(n_tok), sequences=float(batch.n), skipped=0.0, steps=float(self.steps),
-                   lr=lr)
+                   lr=lr, **mismatch)
         return out
 
     # ------------------------------------------------------------------ weights
