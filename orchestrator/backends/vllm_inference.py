@@ -25,7 +25,10 @@ Contract (same observable behaviour as TorchInference):
 - `load_weights(version, flat)`: the flat buffer (orchestrator.model layout) becomes (name, tensor)
   views without a copy and goes through `collective_rpc` to `FlatWeightsExtension` (installed as the
   engine's `worker_extension_cls`), which calls vLLM's in-place `reload_weights` (it re-runs the
-  weight post-processing, e.g. the CPU GEMM prepacking). With `recompute_kv_on_reload` the running
+  weight post-processing, e.g. the CPU GEMM prepacking). Every reload is verified: each engine
+  parameter must have been loaded, else ValueError naming them (the version does not advance; the
+  worker fails the run). A tied LM head is given again under `lm_head.weight` (vLLM keeps its own
+  processed copy, which would stay stale). With `recompute_kv_on_reload` the running
   requests are then preempted (`reset_prefix_cache(reset_running_requests=True)`): their KV cache is
   recomputed under the new weights, so every later token's logprob is exact under `version`, as in
   TorchInference's full recompute. Later tokens carry `version`. `load_weights_tensor(version, t)`
@@ -86,9 +89,42 @@ class FlatWeightsExtension:
     Mixed into vLLM's worker class; called through `engine.collective_rpc("load_flat_weights")`.
     The engine runs in-process, so `flat` arrives as the caller's buffer (no serialisation)."""
 
-    def load_flat_weights(self, flat, layout: FlatLayout) -> int:
+    def load_flat_weights(self, flat, layout: FlatLayout, expected: frozenset) -> int:
+        """Reload in place, verified: the tensors given must be exactly `expected` (the parameter
+        names of the model directory the engine serves) and every parameter of the engine's model
+        must be loaded, or ValueError names what is missing (the caller does not advance the
+        version)."""
+        model = self.model_runner.get_model()
         weights = named_tensors(layout, flat)
-        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        names = {n for n, _ in weights}
+        if names != expected:
+            missing, extra = sorted(expected - names), sorted(names - expected)
+            raise ValueError(f"refusing a partial or misnamed weight set: missing {missing[:4]}"
+                             f"{' ...' if len(missing) > 4 else ''}, unexpected {extra[:4]}"
+                             f"{' ...' if len(extra) > 4 else ''}")
+        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names \
+                and "model.embed_tokens.weight" in names:
+            # the HF layout stores a tied output layer once (as the embedding); vLLM's reload keeps
+            # its own processed copy of the LM head, which stays stale unless it is given again
+            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
+        loaded: set[str] = set()
+        load = model.load_weights
+
+        def recording(it):
+            got = load(it)
+            loaded.update(got or ())
+            return got
+
+        model.load_weights = recording          # vLLM only logs weights it did not load
+        try:
+            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        finally:
+            del model.load_weights
+        missing = sorted({n for n, _ in model.named_parameters()} - loaded)
+        if missing:
+            raise ValueError(f"weight reload left {len(missing)} engine parameters unloaded "
+                             f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): the "
+                             f"published weights do not match the engine's model")
         return len(weights)
 
 
@@ -126,6 +162,7 @@ class VllmInference:
         self.engine = None
         try:
             model_dir, hf_config, self.layout = self._materialise(cfg)
+            self.expected = frozenset(slot.name for slot in self.layout.slots)
             _check_head_size(hf_config)
             self.max_seq_len = int(vc.max_model_len or hf_config.max_position_embeddings)
             self.recompute_kv = bool(vc.recompute_kv_on_reload)
@@ -231,7 +268,7 @@ class VllmInference:
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, flat) -> None:
         """`flat`: the flat buffer (memoryview), or a uint8 tensor (load_weights_tensor)."""
-        self.engine.collective_rpc("load_flat_weights", args=(flat, self.layout))
+        self.engine.collective_rpc("load_flat_weights", args=(flat, self.layout, self.expected))
         if self.recompute_kv:
             self.engine.reset_prefix_cache(reset_running_requests=True)
         self.version = int(version)
