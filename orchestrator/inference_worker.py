@@ -31,7 +31,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from orchestrator.backends.factory import build_inference
 
     cfg = Config.model_validate(spec.config)
-    backend, rewards = build_inference(cfg, spec.index, spec.gen, spec.start_step)
+    backend, rewards = build_inference(cfg, spec.index, spec.gen, spec.start_step,
+                                       spec.prompt_tokens)
     nbytes = backend.weight_nbytes()
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))

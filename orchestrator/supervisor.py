@@ -143,6 +143,7 @@ class Supervisor:
         self._hung: dict[tuple[str, int], float] = {}   # killed for silence: key -> silent seconds
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
         self.scratch = ""             # per-run temporary directory (orchestrator.scratch)
+        self.prompt_tokens = 0        # longest prompt of the task (workers size contexts by it)
 
     # ------------------------------------------------------------------ processes
     def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
@@ -159,7 +160,7 @@ class Supervisor:
         if cfg.gpu_weights:          # CUDA IPC needs the trainer's GPU visible (last ordinal)
             own += (cfg.actor.device,)
         return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
-                          start_step=self.start_step,
+                          start_step=self.start_step, prompt_tokens=self.prompt_tokens,
                           devices=own, threads=cfg.inference.threads_per_worker,
                           env={scratch.ENV: self.scratch})
 
@@ -334,6 +335,7 @@ class Supervisor:
                 raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
                                 f"{cfg.model.path!r}: {why}", 2) from None
             self._check_stop("startup")
+            self.prompt_tokens = int(task.max_prompt_tokens)
             res = create_resources(names, nbytes, ring_sizes(cfg, task.max_prompt_tokens))
             self._heartbeat(res, "trainer", 0)
             for i in range(cfg.inference.num_workers):

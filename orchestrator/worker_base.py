@@ -41,6 +41,7 @@ class WorkerSpec:
     devices: tuple[str, ...] = ()
     threads: int = 1
     env: dict = field(default_factory=dict)
+    prompt_tokens: int = 0       # longest prompt of the run's prompt set (sizes vLLM's context)
 
 
 class ParentGone(SystemExit):

@@ -22,7 +22,8 @@ def build_rewards(cfg: Config):
     return RewardPool(fn, name, tokens, rows, t.reward_workers, t.reward_timeout_s, t.reward_on_error)
 
 
-def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0):
+def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
+                    prompt_tokens: int = 0):
     """Return (backend, reward pool or None). The pool scores rollouts when the backend does not
     (the sim backend decides its own rewards)."""
     seed = sampling_seed(cfg, index, gen, start_step)
@@ -37,7 +38,8 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0):
         return backend, build_rewards(cfg)
     if cfg.inference.backend == "vllm":
         from orchestrator.backends.vllm_inference import VllmInference
-        return VllmInference(cfg, index, sample_seed=seed), build_rewards(cfg)
+        return (VllmInference(cfg, index, sample_seed=seed, prompt_tokens=prompt_tokens),
+                build_rewards(cfg))
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
 
 

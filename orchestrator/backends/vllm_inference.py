@@ -7,9 +7,12 @@ Contract (same observable behaviour as TorchInference):
   model is `cfg.model.path` when set; otherwise the project's tiny model
   (`build_model(cfg.model, vocab, cfg.run.seed)`) is saved with `save_pretrained` into a temporary
   directory inside the run's scratch directory `ARL_SCRATCH` (removed by `close()`, and with the
-  scratch directory by the supervisor when the worker is killed), so vLLM's version 0 is the trainer's version 0. Sampling is
-  seeded with `sample_seed` (default `cfg.run.seed`). `inference.max_batch` is vLLM's max_num_seqs;
-  `inference.vllm` holds the engine settings (dtype, KV-cache size, max_model_len, ...). Process-wide
+  scratch directory by the supervisor when the worker is killed), so vLLM's version 0 is the
+  trainer's version 0. Sampling is seeded with `sample_seed` (default `cfg.run.seed`). `inference.max_batch` is vLLM's max_num_seqs;
+  `inference.vllm` holds the engine settings (dtype, KV-cache size, max_model_len, ...), with
+  defaults by platform: the context is the task's longest prompt + `rollout.max_new_tokens` (at most
+  the model's), the KV cache holds `inference.max_batch` such sequences on CPU and is sized from
+  `gpu_memory_utilization` on GPU, CUDA graphs on GPU and eager on CPU. Process-wide
   side effects (a worker process owns its backend): VLLM_LOGGING_LEVEL defaults to ERROR, and on CPU
   OMP_NUM_THREADS / torch threads default to `inference.threads_per_worker`.
 - `add(req)`: one vLLM request with `n = req.n` samples, `temperature`, `max_tokens =
@@ -162,8 +165,39 @@ def _check_head_size(hf_config) -> None:
                     int(hf_config.num_attention_heads))
 
 
+def context_length(cfg, hf_config, prompt_tokens: int) -> int:
+    """`inference.vllm.max_model_len`, else the task's longest prompt + rollout.max_new_tokens, at
+    most the model's max_position_embeddings (its whole context when the prompt length is unknown)."""
+    model_max = int(hf_config.max_position_embeddings)
+    if cfg.inference.vllm.max_model_len:
+        return int(cfg.inference.vllm.max_model_len)
+    if prompt_tokens <= 0:
+        return model_max
+    return min(model_max, int(prompt_tokens) + int(cfg.rollout.max_new_tokens))
+
+
+MIN_CPU_KV_BYTES = 64 << 20
+
+
+def kv_cache_bytes(cfg, hf_config, context: int) -> Optional[int]:
+    """`inference.vllm.kv_cache_memory_mb`; else None on GPU (vLLM sizes it from
+    gpu_memory_utilization); on CPU the cache `inference.max_batch` sequences of `context` tokens
+    need (K and V of every layer, in the engine's dtype), plus a quarter, at least 64 MiB."""
+    vc = cfg.inference.vllm
+    if vc.kv_cache_memory_mb is not None:
+        return int(vc.kv_cache_memory_mb) << 20
+    if cfg.inference.devices:
+        return None
+    dtype = cfg.model.dtype if vc.dtype == "auto" else vc.dtype
+    width = 4 if dtype == "float32" else 2
+    heads = int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+    per_token = 2 * int(hf_config.num_hidden_layers) * heads * head_dim_of(hf_config) * width
+    need = int(cfg.inference.max_batch) * int(context) * per_token
+    return max(MIN_CPU_KV_BYTES, need + need // 4)
+
+
 class VllmInference:
-    def __init__(self, cfg, index: int = 0, sample_seed: Optional[int] = None):
+    def __init__(self, cfg, index: int = 0, sample_seed: Optional[int] = None, prompt_tokens: int = 0):
         # in-process engine core (synchronous steps, weights in this process); quiet console
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -181,7 +215,8 @@ class VllmInference:
             model_dir, hf_config, self.layout = self._materialise(cfg)
             self.expected = frozenset(slot.name for slot in self.layout.slots)
             _check_head_size(hf_config)
-            self.max_seq_len = int(vc.max_model_len or hf_config.max_position_embeddings)
+            self.max_seq_len = context_length(cfg, hf_config, prompt_tokens)
+            self.kv_bytes = kv_cache_bytes(cfg, hf_config, self.max_seq_len)
             self.recompute_kv = bool(vc.recompute_kv_on_reload)
             if not cfg.inference.devices:
                 # vLLM keeps torch at 1 thread unless OMP_NUM_THREADS is set; honour the config
@@ -218,13 +253,14 @@ class VllmInference:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         vc = cfg.inference.vllm
-        kv = None if vc.kv_cache_memory_mb is None else int(vc.kv_cache_memory_mb) << 20
+        kv = self.kv_bytes
+        eager = vc.enforce_eager if vc.enforce_eager is not None else not cfg.inference.devices
         args = EngineArgs(
             model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
             dtype=cfg.model.dtype if vc.dtype == "auto" else vc.dtype,
             seed=int(cfg.run.seed if sample_seed is None else sample_seed),
             max_model_len=self.max_seq_len, max_num_seqs=int(cfg.inference.max_batch),
-            enforce_eager=vc.enforce_eager, gpu_memory_utilization=vc.gpu_memory_utilization,
+            enforce_eager=eager, gpu_memory_utilization=vc.gpu_memory_utilization,
             kv_cache_memory_bytes=kv, enable_prefix_caching=self.recompute_kv,
             logprobs_mode="processed_logprobs", generation_config="vllm",
             worker_extension_cls=EXTENSION, async_scheduling=False, disable_log_stats=True,
