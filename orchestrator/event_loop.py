@@ -374,7 +374,7 @@ class EventLoop:
             "step": step, "version": step, "gate": self.gate.state_dict(),
             "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
             "seed": self.cfg.run.seed, "time": time.time(),
-            "data": getattr(self.task, "identity", None),
+            "data": self.task.identity,
             "config": self.cfg.model_dump(mode="json")},
             [(self.request_index[g.ident], g) for g in finished])
         send(self.res.trainer_req, messages.SaveCheckpoint(step=step, directory=os.path.join(tmp, "trainer")))

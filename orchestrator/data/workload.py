@@ -6,8 +6,9 @@ Contract:
 - `load_prompts(cfg) -> PromptSet` (supervisor, at launch before anything starts): the model's
   tokens, the datasets, the reward resolved (so a bad `task.reward` fails here), every prompt rendered
   once and measured. Raises `DataError` (exit 2) naming the field.
-- `load_scorer(cfg) -> (tokens, rows, reward name, reward fn)` (inference worker): the same
-  datasets without rendering; `rows(eval, row) -> dict` reads one row (memory-mapped).
+- `load_scorer(cfg, tokens) -> (rows, reward name, reward fn)` (inference worker, with the model's
+  tokens its backend loaded): the same datasets without rendering; `rows(eval, row) -> dict` reads
+  one row (memory-mapped).
 """
 from __future__ import annotations
 
@@ -47,14 +48,13 @@ def load_prompts(cfg):
                      eval_limit=limit, needs_answer=name in NEEDS_ANSWER)
 
 
-def load_scorer(cfg):
+def load_scorer(cfg, tokens):
     from orchestrator.data.rewards import resolve_reward
 
-    tokens = _tokens(cfg)
     name, fn = resolve_reward(cfg.task, tokens)
     train, evl = datasets_for(cfg)
 
     def rows(is_eval: bool, row: int) -> dict:
         return (evl if is_eval else train)[int(row)]
 
-    return tokens, rows, name, fn
+    return rows, name, fn
