@@ -5,7 +5,10 @@ is_eval)` queues one finished rollout group (every sample of it is scored agains
 `row`); `ready(wait_s=0)` returns the groups whose rewards are all in, rewards filled, in any order,
 waiting at most `wait_s` for the pending ones (0: never blocks); `busy()` says whether any group is still being scored. Each call is
 `fn(completion_text, row_dict, completion_ids)` on a pool thread, so a slow reward never stalls
-generation or the supervisor. A call that raises, returns anything but a finite real number (a bool
+generation or the supervisor. With `workers=0` every call runs inline in `submit()` on the worker's
+main thread, in the order groups finish (for microsecond rewards such as the built-in `digits`: no
+hand-off between threads reorders or delays groups); a call that ran longer than `timeout_s` is
+then judged after the fact, like one that timed out on a thread. A call that raises, returns anything but a finite real number (a bool
 is not one), or runs longer than `timeout_s` is bad environment output: with `on_error="fail"`
 `ready()` raises `BadEnvOutput` naming the function, the row and the prompt (the run exits 2); with
 `"zero"` the sample scores 0 and the group's `scalars[REWARD_ERRORS]` counts it (the step line's
@@ -45,6 +48,7 @@ class _Call:
     is_eval: bool
     started: Optional[float] = None
     done: bool = False
+    finished: Optional[float] = None
     value: Any = None
     error: Optional[BaseException] = None
     scored: Optional[tuple] = None      # (reward, error line or None) once decided
@@ -78,28 +82,35 @@ class RewardPool:
             group = self._jobs.get()
             if group is None:
                 return
-            s = group.seqs
-            for call in group.calls:        # one job per group: few hand-offs between threads
-                with self._cv:              # claimed once: after a timeout a fresh thread takes
-                    if call.started is not None:    # the rest of the group over
-                        continue
-                    call.started = time.monotonic()
-                sl = s.seq(call.sample)
-                ids = [int(t) for t in s.tokens[sl][int(s.prompt_lens[call.sample]):]]
-                try:
-                    call.value = self.fn(completion_text(self.tokens, ids),
-                                         self.rows(call.is_eval, call.row), ids)
-                except BaseException as exc:       # reported by ready(), on the worker's main thread
-                    call.error = exc
-                with self._cv:
-                    call.done = True
-                    self._cv.notify_all()
+            self._run(group)
+
+    def _run(self, group: _Group) -> None:
+        s = group.seqs
+        for call in group.calls:        # one job per group: few hand-offs between threads
+            with self._cv:              # claimed once: after a timeout a fresh thread takes
+                if call.started is not None:    # the rest of the group over
+                    continue
+                call.started = time.monotonic()
+            sl = s.seq(call.sample)
+            ids = [int(t) for t in s.tokens[sl][int(s.prompt_lens[call.sample]):]]
+            try:
+                call.value = self.fn(completion_text(self.tokens, ids),
+                                     self.rows(call.is_eval, call.row), ids)
+            except BaseException as exc:       # reported by ready(), on the worker's main thread
+                call.error = exc
+            with self._cv:
+                call.finished = time.monotonic()
+                call.done = True
+                self._cv.notify_all()
 
     # ------------------------------------------------------------------ main-thread side
     def submit(self, seqs, row: int, is_eval: bool) -> None:
         g = _Group(seqs, row, [_Call(seqs, i, row, is_eval) for i in range(seqs.n)])
         self._pending.append(g)
-        self._jobs.put(g)
+        if self.workers:
+            self._jobs.put(g)
+        else:
+            self._run(g)
 
     def busy(self) -> bool:
         return bool(self._pending)
@@ -120,6 +131,8 @@ class RewardPool:
                                                 f"calls running past task.reward_timeout_s"))
             self._threads.append(self._spawn())
             self._jobs.put(g)               # the rest of the group goes to the fresh thread
+            return 0.0, where.format(f"ran longer than task.reward_timeout_s={self.timeout_s:g}")
+        if c.finished - c.started > self.timeout_s:     # inline: judged after the fact
             return 0.0, where.format(f"ran longer than task.reward_timeout_s={self.timeout_s:g}")
         if c.error is not None:
             exc = c.error

@@ -170,3 +170,29 @@ def test_a_reward_past_its_timeout(on_error):
         assert g.rewards.tolist() == [1.0]
     never.set()
     pool.close()
+
+
+def test_inline_pool_scores_in_submit_order_on_the_callers_thread():
+    threads = []
+
+    def fn(c, r, i):
+        threads.append(threading.get_ident())
+        return float(r["row"])
+    pool = _pool(fn, workers=0)
+    for row in (3, 1, 2):
+        pool.submit(_group(pid=row), row=row, is_eval=False)
+    out = pool.ready()                      # already scored: no wait
+    pool.close()
+    assert [g.rewards.tolist() for g in out] == [[3.0, 3.0], [1.0, 1.0], [2.0, 2.0]]
+    assert set(threads) == {threading.get_ident()} and not pool.busy()
+
+
+def test_inline_pool_judges_a_slow_call_after_the_fact():
+    def fn(c, r, i):
+        time.sleep(0.1)                     # at least 0.1 s: past the 0.01 s limit, always
+        return 1.0
+    pool = _pool(fn, on_error="zero", timeout_s=0.01, workers=0)
+    pool.submit(_group(n=1), row=5, is_eval=False)
+    (g,) = pool.ready()
+    pool.close()
+    assert g.rewards.tolist() == [0.0] and g.scalars[REWARD_ERRORS] == 1
