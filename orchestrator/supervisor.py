@@ -3,7 +3,7 @@
 `Supervisor(cfg, run_dir).run()` sweeps segments of dead runs, creates every shm object (named
 `arl_<run_id>_*`), spawns the trainer and inference workers (spawn start method, disjoint devices),
 waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
-the metrics thread, and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
+the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
 (workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
 directory (`orchestrator.scratch`: workers' temporary files). A dead inference worker is restarted
 on fresh rings (its prompts re-dispatched by the event loop) or fails the run, per
@@ -45,10 +45,12 @@ from orchestrator.errors import Interrupted, RunFailed
 from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
+from orchestrator.sinks import MetricSinks
 from orchestrator.signals import SIGNALS
 from orchestrator.worker_base import WorkerSpec
 
 log = logging.getLogger("orchestrator.supervisor")
+SINKS_CLOSE_S = 10.0        # at most this long (and never past the shutdown deadline) to flush sinks
 
 
 @dataclass
@@ -318,7 +320,13 @@ class Supervisor:
         cfg = self.cfg
         swept = sweep_dead()
         self.signals.subscribe(self._on_signal)
-        metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), on_write=self.on_metrics)
+        sinks = MetricSinks.from_config(cfg, self.run_dir)
+        hooks = [h for h in (self.on_metrics, sinks and sinks.write) if h is not None]
+
+        def on_write(rec: dict) -> None:
+            for hook in hooks:
+                hook(rec)
+        metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), on_write=on_write)
         if swept:
             log.info("swept %d segments of dead runs", len(swept))
         names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", cfg.inference.num_workers)
@@ -373,6 +381,8 @@ class Supervisor:
             if self.scratch:
                 scratch.remove(self.scratch)
             metrics.close()
+            if sinks is not None:        # within the shutdown bound; its thread is a daemon
+                sinks.close(min(SINKS_CLOSE_S, max(1.0, deadline - time.monotonic())))
 
     def _await(self, ring, kind, accept, what: str):
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
