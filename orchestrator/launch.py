@@ -84,7 +84,14 @@ def _run(cfg, plan, stop, task) -> int:
     for w in plan.warnings:
         log.warning("%s", w)
         print(f"warning: {w}", file=sys.stderr)
-    progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress)
+    progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress,
+                        S=cfg.rollout.max_head_offpolicyness, run_dir=str(plan.run_dir))
+
+    def end() -> None:          # every run that started ends with its summary paragraph
+        progress.close()
+        line = progress.summary()
+        log.info("%s", line)
+        print(line, file=sys.stderr)
     if task.filtered:
         line = (f"{task.filtered} prompts longer than task.max_prompt_tokens="
                 f"{cfg.task.max_prompt_tokens} were filtered out (task.overlong_prompts=filter)")
@@ -96,17 +103,17 @@ def _run(cfg, plan, stop, task) -> int:
     try:
         code = sup.run()
     except Interrupted as exc:
-        progress.close()
+        end()
         log.warning("%s", exc)
         print(f"{exc} (run dir {plan.run_dir})", file=sys.stderr)
         return exc.exit_code
     except RunFailed as exc:
-        progress.close()
+        end()
         log.error("run failed: %s", exc)
         print(f"error: {exc} (logs: {log_hint})", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
-        progress.close()
+        end()
         if is_disk_full(exc):
             line = str(disk_full(exc, plan.run_dir))
             log.error("run failed: %s", line)
@@ -116,11 +123,11 @@ def _run(cfg, plan, stop, task) -> int:
         print(f"error: {type(exc).__name__}: {exc} (logs: {log_hint})", file=sys.stderr)
         return 1
     except Exception as exc:
-        progress.close()
+        end()
         log.exception("run failed")
         print(f"error: {type(exc).__name__}: {exc} (logs: {log_hint})", file=sys.stderr)
         return 1
-    progress.close()
+    end()
     if code == 0:
         print(f"done: {cfg.run.total_steps} steps, run dir {plan.run_dir}", file=sys.stderr)
     else:
