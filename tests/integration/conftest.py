@@ -1,0 +1,32 @@
+"""Real short runs shared by the tools' tests (report, inspect, metric sinks): each is launched once
+per session and must not be modified by a test (copy it first)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.lifecycle import run
+
+
+@pytest.fixture(scope="session")
+def sim_run_dir(tmp_path_factory):
+    """The sim backends, 40 steps in two launches: the second resumes from the checkpoint at 20
+    (a `resume` event, a `resumed` step line)."""
+    d = tmp_path_factory.mktemp("sim_run") / "run"
+    for total in (20, 40):
+        out = run(d, f"run.total_steps={total}", "run.resume=auto", "metrics.interval_s=0.2")
+        assert out.returncode == 0, out.stderr[-2000:]
+    return d
+
+
+@pytest.fixture(scope="session")
+def torch_run_dir(tmp_path_factory):
+    """The embedded default (tiny torch model, copy2 task), 60 steps in two launches (resumed at
+    step 40), eval every 30 steps: real tokens, rewards, advantages and eval lines."""
+    pytest.importorskip("torch")
+    d = tmp_path_factory.mktemp("torch_run") / "run"
+    for total in (40, 60):
+        out = run(d, f"run.total_steps={total}", "run.resume=auto", "run.checkpoint_every=20",
+                  "eval.every_steps=30", "metrics.interval_s=0.5", "run.progress=false",
+                  config="configs/default.yaml", timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    return d
