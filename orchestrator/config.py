@@ -269,8 +269,10 @@ class TaskConfig(_Section):
     overlong_prompts: Literal["filter", "error"] = Field("filter", description="prompts longer than "
                                                          "task.max_prompt_tokens: filter (dropped at "
                                                          "load and counted) or error (exit 2)")
-    reward_workers: int = Field(4, ge=1, le=256, description="reward threads per inference worker "
-                                "(rewards run off the decode loop; <= 256)")
+    reward_workers: int = Field(4, ge=0, le=256, description="reward threads per inference worker "
+                                "(rewards run off the decode loop; <= 256). 0: score inline on the "
+                                "worker's main thread, for microsecond rewards such as `digits` "
+                                "(a slow reward then stalls decoding)")
     reward_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="one reward call's "
                                     "time limit (<= 1 day)")
     reward_on_error: Literal["fail", "zero"] = Field("fail", description="a reward that raises, "
@@ -329,8 +331,22 @@ class EvalConfig(_Section):
     samples_per_prompt: int = Field(1, ge=1, le=65536, description="eval samples per prompt (<= 65536)")
 
 
+class WandbConfig(_Section):
+    project: Optional[str] = Field(None, min_length=1, description="W&B project; set it to log every "
+                                   "metrics line to Weights & Biases (needs `pip install wandb`)")
+    entity: Optional[str] = Field(None, description="W&B entity (team or user); None: the default")
+    name: Optional[str] = Field(None, description="W&B run name; None: W&B picks one")
+    group: Optional[str] = Field(None, description="W&B group")
+    mode: Literal["offline", "online"] = Field("offline", description="offline: written under "
+                                               "RUN_DIR/wandb/ for `wandb sync` (no network); "
+                                               "online: streamed to the W&B server")
+
+
 class MetricsConfig(_Section):
     interval_s: float = Field(1.0, gt=0, le=3600.0, description="metrics thread tick interval (<= 1 h)")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files under "
+                              "RUN_DIR/tensorboard/ (needs `pip install tensorboard`)")
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
 
 
 class WeightsConfig(_Section):
