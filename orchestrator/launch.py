@@ -87,11 +87,12 @@ def _run(cfg, plan, stop, task) -> int:
     progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress,
                         S=cfg.rollout.max_head_offpolicyness, run_dir=str(plan.run_dir))
 
-    def end() -> None:          # every run that started ends with its summary paragraph
+    def end() -> None:          # every run that trained a step ends with its summary paragraph
         progress.close()
-        line = progress.summary()
-        log.info("%s", line)
-        print(line, file=sys.stderr)
+        if progress.first_step is not None:
+            line = progress.summary()
+            log.info("%s", line)
+            print(line, file=sys.stderr)
     if task.filtered:
         line = (f"{task.filtered} prompts longer than task.max_prompt_tokens="
                 f"{cfg.task.max_prompt_tokens} were filtered out (task.overlong_prompts=filter)")

@@ -7,7 +7,7 @@ least every `plain_every_s` seconds while steps come. `enabled=False` (`run.prog
 nothing while the run goes. `close()` ends the bar; `summary()` is one paragraph on this launch:
 steps, wall time, reward start -> end (means of the first and last 10 steps), the last eval, observed
 head age max and p99 against S, worker restarts, resumes, the run dir. Launch prints it at the end
-of every run that started, however it ended.
+of every run that trained a step, however it ended (a run stopped during startup has none).
 """
 from __future__ import annotations
 

@@ -34,8 +34,10 @@ def test_disk_full_is_one_line_and_resume_stays_exact(small_fs):
     proc = start(run_dir, "run.total_steps=40", *common)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: no space left on device writing "), err
+    lines = err.strip().splitlines()          # the error, after the run's summary paragraph
+    assert len(lines) == 2 and lines[0].startswith("run summary: "), err
+    lines = lines[1:]
+    assert lines[0].startswith("error: no space left on device writing "), err
     assert str(run_dir) in lines[0]
     assert "Traceback" not in err and "Logging error" not in err
     assert run_segments(proc) == []
