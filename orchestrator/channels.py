@@ -18,6 +18,8 @@ run takes, by part (preflight compares it with the free space).
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -69,6 +71,29 @@ def max_prompt_tokens(cfg) -> int:
     return digit_prompt_tokens(cfg.task.name)
 
 
+def model_context(cfg) -> int:
+    """The model's context length: model.max_seq_len for the built-in model, else the
+    `max_position_embeddings` of model.path's config.json (ValueError naming it when absent)."""
+    if cfg.model.path is None:
+        return cfg.model.max_seq_len
+    path = os.path.join(cfg.model.path, "config.json")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model.path={cfg.model.path}: cannot read config.json ({exc})") from None
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(meta.get(key), int) and meta[key] > 0:
+            return meta[key]
+    raise ValueError(f"model.path={cfg.model.path}: config.json names no context length "
+                     f"(max_position_embeddings); set task.max_episode_tokens")
+
+
+def episode_tokens(cfg) -> int:
+    """Tokens one multi-turn episode may hold: task.max_episode_tokens, or the model's context."""
+    return cfg.task.max_episode_tokens or model_context(cfg)
+
+
 def max_completion_tokens(cfg) -> int:
     """Longest completion: rollout.max_new_tokens; the sim backend emits min(that, its own)."""
     n = cfg.rollout.max_new_tokens
@@ -86,8 +111,10 @@ def ring_sizes(cfg, prompt_tokens: Optional[int] = None) -> RingSizes:
     N = max_completion_tokens(cfg)
     G, B = cfg.rollout.group_size, cfg.rollout.consumer_batch_size
     widest = max(G, cfg.eval.samples_per_prompt if cfg.eval.every_steps else 1)   # an eval group
-    group = record_size(widest, widest * (P + N), MAX_SCALARS)
-    batch = record_size(B * G, B * G * (P + N), MAX_SCALARS)
+    from orchestrator.config import env_spec
+    T = P + N if env_spec(cfg) is None else max(P + N, episode_tokens(cfg))   # tokens per sample
+    group = record_size(widest, widest * T, MAX_SCALARS)
+    batch = record_size(B * G, B * G * T, MAX_SCALARS)
     generate = len(messages.encode(messages.Generate(
         request_id=_I64, prompt_id=_I64, prompt_tokens=[_TOKEN] * P, n=widest, max_new_tokens=N,
         temperature=1.0, eval=True, row=_I64)))

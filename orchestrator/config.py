@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -288,6 +288,31 @@ class TaskConfig(_Section):
                                             "at once). None: 64 held out of a digit task, or every "
                                             "prompt of task.eval_dataset")
 
+    env: Optional[str] = Field(None, min_length=1, description="multi-turn environment "
+                               "(orchestrator/envs): a built-in name (lookup) or 'file.py:Class' / "
+                               "'module:Class'; its rows are the dataset's, its score the reward. "
+                               "None: single-turn (task.name=lookup implies env lookup)")
+    env_args: dict[str, Union[bool, int, float, str]] = Field(
+        default_factory=dict, description="keyword arguments of the environment's constructor "
+        "(e.g. lookup: latency_s, latency_sigma)")
+    max_turns: int = Field(8, ge=1, le=10000, description="model turns per episode; an episode "
+                           "that needs more ends with reward 0 (counted as episodes_limited)")
+    max_episode_tokens: Optional[int] = Field(None, ge=2, le=MAX_TOKENS, description="tokens per "
+                                              "episode in all (opening, turns, replies); each turn "
+                                              "gets at most rollout.max_new_tokens of what is left. "
+                                              "None: the model's context (the rings are sized from it)")
+    env_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="one environment call's "
+                                 "time limit (reset, step, score); past it the episode ends with "
+                                 "reward 0 (episodes_limited)")
+    env_on_error: Literal["fail", "zero"] = Field("fail", description="an environment call that "
+                                                  "raises or returns something unusable: fail (exit 2 "
+                                                  "naming the environment and the row) or zero "
+                                                  "(reward 0, counted as reward_errors)")
+    env_workers: int = Field(4, ge=1, le=256, description="pool for blocking environment calls and "
+                             "tools in each inference worker")
+    env_processes: bool = Field(False, description="run tools (Environment.run_tool) in a process "
+                                "pool of env_workers (CPU-heavy or untrusted tools; they must pickle)")
+
     @model_validator(mode="after")
     def _dataset_or_builtin(self) -> "TaskConfig":
         if self.dataset is not None:
@@ -296,11 +321,17 @@ class TaskConfig(_Section):
             elif self.name != "dataset":
                 raise ValueError(f"task.name={self.name!r} and task.dataset are exclusive (task.name "
                                  f"is 'dataset' for your own data)")
-            if self.reward is None:
-                raise ValueError("task.dataset needs task.reward (a built-in name, 'file.py:fn' or "
-                                 "'module:fn')")
         elif self.name == "dataset":
             raise ValueError("task.name='dataset' needs task.dataset")
+        if self.name == "lookup" and self.env not in (None, "lookup"):
+            raise ValueError(f"task.name='lookup' is the lookup environment's task; task.env="
+                             f"{self.env!r} needs its own dataset (task.dataset)")
+        if self.reward is not None and (self.env is not None or self.name == "lookup"):
+            raise ValueError("task.reward and task.env are exclusive: an environment scores its own "
+                             "episodes")
+        if self.dataset is not None and self.reward is None and self.env is None:
+            raise ValueError("task.dataset needs task.reward (a built-in name, 'file.py:fn' or "
+                             "'module:fn') or task.env")
         return self
 
 
@@ -524,6 +555,12 @@ def _format_error(err: ValidationError) -> str:
         shown = "" if isinstance(got, dict) else f" (got {got!r}{kind})"
         return f"invalid config field '{loc}': {msg}{shown}"
     return f"invalid config: {msg}"
+
+
+def env_spec(cfg: Config) -> Optional[str]:
+    """The multi-turn environment of the task (`task.env`; task.name=lookup implies `lookup`), or
+    None for a single-turn task."""
+    return cfg.task.env or ("lookup" if cfg.task.name == "lookup" else None)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) -> Config:

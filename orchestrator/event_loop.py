@@ -21,8 +21,8 @@ from typing import Optional
 import numpy as np
 
 from orchestrator import checkpoint, messages
-from orchestrator.channels import recv, send
-from orchestrator.config import Config
+from orchestrator.channels import episode_tokens, recv, send
+from orchestrator.config import Config, env_spec
 from orchestrator.durable import sync_files, write_record
 from orchestrator.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed
@@ -75,6 +75,7 @@ class EventLoop:
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task
         self.cursor = cursor or PromptCursor(task)
+        self.episode_tokens = episode_tokens(cfg) if env_spec(cfg) else None   # multi-turn budget
         self.stop_requested = False
         self.resumed = resumed
         # step accounting: steps are 1-based; batch k is trained at version k-1
@@ -166,7 +167,7 @@ class EventLoop:
         if entry is None:
             log.warning("dropping rollout for unknown request %d", group.ident)
             return
-        check_rollout(group, entry[1])
+        check_rollout(group, entry[1], self.episode_tokens)
         gen = self.dispatcher.finished(group.ident, group)
         if not gen.eval:
             self.gate.on_accepted()
@@ -348,7 +349,7 @@ class EventLoop:
             resumed=first_after_resume,
             train_s=done.train_s, groups=info.groups,
             spanning=sum(1 for st in stamps if st is not None and st.spans_versions),
-            not_live=sum(1 for st in stamps if st is None),
+            not_live=sum(1 for st in stamps if st is None), **info.episode,
             **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})
         self.admitted_since_step = 0
         self.lines_written = done.step
@@ -410,8 +411,12 @@ class EventLoop:
         for index, part in finished:
             heads = [st.head for i in range(part.n)
                      if (st := stamp(part.versions[part.seq(i)], part.loss_mask[part.seq(i)]))]
-            fits = all(part.seq(i).stop - part.seq(i).start - int(part.prompt_lens[i]) <= longest
-                       for i in range(part.n))
+            if self.episode_tokens is not None:          # multi-turn: the episode budget
+                fits = all(part.seq(i).stop - part.seq(i).start <= self.episode_tokens
+                           for i in range(part.n))
+            else:
+                fits = all(part.seq(i).stop - part.seq(i).start - int(part.prompt_lens[i]) <= longest
+                           for i in range(part.n))
             if heads and fits and version - min(heads) <= S and self.gate.capacity() > 0:
                 part.ident = rid = self.next_request
                 self.next_request += 1

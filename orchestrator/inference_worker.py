@@ -2,8 +2,10 @@
 
 Main loop: poll the request ring (Generate / LoadWeights / Abort / Shutdown, in supervisor order)
 -> one backend step -> hand finished groups to the reward pool (threads: a slow reward never stalls
-decoding) -> emit the scored ones -> check the parent. A bad reward (`BadEnvOutput`) fails the run
-with exit 2.
+decoding) -> emit the scored ones -> check the parent. A multi-turn task (`task.env`) hands each
+Generate to the episode runner instead (`envs.runner`: an environment thread): its model turns are
+put to the backend as one-sample requests, their results go back to it, and its finished groups
+are emitted. A bad reward or environment (`BadEnvOutput`) fails the run with exit 2.
 Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
 supervisor's weight watcher can bump the shared policy version.
 """
@@ -17,6 +19,7 @@ from orchestrator import messages
 from orchestrator.backends.base import GenRequest
 from orchestrator.channels import recv
 from orchestrator.config import Config
+from orchestrator.envs.runner import EpisodeRunner
 from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
 
 IDLE_WAIT_S = 0.05
@@ -31,8 +34,10 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from orchestrator.backends.factory import build_inference
 
     cfg = Config.model_validate(spec.config)
-    backend, rewards = build_inference(cfg, spec.index, spec.gen, spec.start_step,
-                                       spec.prompt_tokens)
+    backend, scorer = build_inference(cfg, spec.index, spec.gen, spec.start_step,
+                                      spec.prompt_tokens)
+    episodes = scorer if isinstance(scorer, EpisodeRunner) else None
+    rewards = None if episodes is not None else scorer
     nbytes = backend.weight_nbytes()
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))
@@ -67,15 +72,19 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             hint = backend.wait_hint() if hasattr(backend, "wait_hint") else (
                 0.0 if backend.num_active() else None)
             wait = IDLE_WAIT_S if hint is None else min(hint, IDLE_WAIT_S)
-            if rewards is not None and rewards.busy():
+            if scorer is not None and scorer.busy():
                 wait = min(wait, REWARD_POLL_S)
             msg = recv(req, timeout=wait)
             while msg is not None:
                 if isinstance(msg, messages.Generate):
-                    reqs[msg.request_id] = (msg.eval, msg.row)
-                    backend.add(GenRequest(msg.request_id, msg.prompt_id,
-                                           np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
-                                           msg.max_new_tokens, msg.temperature, msg.eval))
+                    if episodes is not None:      # n episodes; their turns come back as requests
+                        episodes.start(msg.request_id, msg.prompt_id, msg.row, msg.n, msg.eval,
+                                       msg.temperature)
+                    else:
+                        reqs[msg.request_id] = (msg.eval, msg.row)
+                        backend.add(GenRequest(msg.request_id, msg.prompt_id,
+                                               np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
+                                               msg.max_new_tokens, msg.temperature, msg.eval))
                 elif isinstance(msg, messages.LoadWeights):
                     ctx.beat()
                     got = load(msg.version)
@@ -84,10 +93,19 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 elif isinstance(msg, messages.Abort):
                     backend.abort(msg.request_id)
                     reqs.pop(msg.request_id, None)
+                    for key in episodes.cancel(msg.request_id) if episodes is not None else ():
+                        backend.abort(key)
                 elif isinstance(msg, messages.Shutdown):
                     return
                 msg = recv(req, timeout=0.0)
+            if episodes is not None:              # model turns of running episodes
+                for t in episodes.requests():
+                    backend.add(GenRequest(t.key, t.prompt_id, t.ids, 1, t.max_new_tokens,
+                                           t.temperature, t.eval))
             for res in backend.step(0.0):
+                if episodes is not None:
+                    episodes.turn_done(res.request_id, res.sequences)
+                    continue
                 is_eval, row = reqs.pop(res.request_id, (False, -1))
                 seqs = res.sequences
                 seqs.kind = 1 if is_eval else 0
@@ -99,10 +117,13 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 idle = not backend.num_active()       # then groups finished together leave together
                 for seqs in rewards.ready(IDLE_WAIT_S if idle else 0.0, until=requests_waiting):
                     emit(seqs)
+            if episodes is not None:
+                for seqs in episodes.ready():
+                    emit(seqs)
             ctx.check_parent()
     finally:
-        if rewards is not None:
-            rewards.close()
+        if scorer is not None:
+            scorer.close()
         backend.close()
         for r in (req, out):
             r.close()

@@ -6,7 +6,10 @@ for groups of more than one sample; singleton groups use the batch as their base
 batch is dropped only if every reward in it is equal). `trainable` is the number of samples left
 that have at least one loss-masked token (`trainable_tokens` counts those tokens): a batch of empty
 completions is not trainable. `reward_errors` sums the groups' `scalars[REWARD_ERRORS]` (reward calls
-scored 0 after failing, set by the inference worker's reward pool).
+scored 0 after failing, set by the inference worker's reward pool or episode runner). Multi-turn
+groups (`envs.base.SCALARS`) add `episode` fields to the step line: turns per episode (mean, max),
+environment and generation seconds per episode (means), tool calls, episodes ended by a limit,
+rollouts rejected by the append rule.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.data.reward_pool import REWARD_ERRORS
+from orchestrator.envs.base import ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS, TURNS_MAX
 from shm.codec import Sequences, concat
 
 EPS = 1e-6
@@ -31,6 +35,7 @@ class BatchInfo:
     reward_mean: float
     reward_errors: int       # reward calls that failed and scored 0 (task.reward_on_error=zero)
     consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
+    episode: dict            # multi-turn step-line fields (empty for single-turn groups)
     parts: list              # the groups themselves, in completion order
 
 
@@ -74,5 +79,16 @@ class TrainSink:
                          reward_mean=float(rewards.mean()) if rewards.size else 0.0,
                          reward_errors=int(sum(g.scalars[REWARD_ERRORS] for g in groups
                                                if g.scalars.size > REWARD_ERRORS)),
-                         consumed=consumed, parts=groups)
+                         consumed=consumed, episode=_episode_fields(groups), parts=groups)
         return batch, info
+
+
+def _episode_fields(groups: list[Sequences]) -> dict:
+    if not groups or any(g.scalars.size < len(SCALARS) for g in groups):
+        return {}
+    s = np.stack([g.scalars[:len(SCALARS)] for g in groups])
+    n = sum(g.n for g in groups)
+    return {"turns_mean": float(s[:, TURNS].sum() / n), "turns_max": int(s[:, TURNS_MAX].max()),
+            "env_s_mean": float(s[:, ENV_S].sum() / n), "gen_s_mean": float(s[:, GEN_S].sum() / n),
+            "tool_calls": int(s[:, TOOL_CALLS].sum()), "episodes_limited": int(s[:, LIMITED].sum()),
+            "rollouts_rejected": int(s[:, REJECTED].sum())}

@@ -6,6 +6,8 @@ tokens is bad environment/backend output: the run stops with one line naming it 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from orchestrator import messages
@@ -13,8 +15,10 @@ from orchestrator.errors import RunFailed
 from shm.codec import Sequences
 
 
-def check_rollout(g: Sequences, req: messages.Generate) -> None:
-    """A rollout group must answer its request; anything else is bad env/backend output (exit 2)."""
+def check_rollout(g: Sequences, req: messages.Generate, episode_tokens: Optional[int] = None) -> None:
+    """A rollout group must answer its request; anything else is bad env/backend output (exit 2).
+    `episode_tokens`: a multi-turn task's budget; its samples open with the environment's messages
+    (not the request's prompt) and may hold up to that many tokens in all."""
     def bad(what: str):
         raise RunFailed(f"bad rollout for request {req.request_id} (prompt {req.prompt_id}): {what}", 2)
 
@@ -27,9 +31,13 @@ def check_rollout(g: Sequences, req: messages.Generate) -> None:
     p = len(req.prompt_tokens)
     for i in range(g.n):
         sl = g.seq(i)
-        if int(g.prompt_lens[i]) != p or not np.array_equal(g.tokens[sl][:p], req.prompt_tokens):
+        if episode_tokens is not None:
+            p = int(g.prompt_lens[i])
+            if sl.stop - sl.start > episode_tokens:
+                bad(f"sample {i} has more than task.max_episode_tokens={episode_tokens} tokens")
+        elif int(g.prompt_lens[i]) != p or not np.array_equal(g.tokens[sl][:p], req.prompt_tokens):
             bad(f"sample {i} does not start with the prompt it was asked for")
-        if sl.stop - sl.start - p > req.max_new_tokens:
+        elif sl.stop - sl.start - p > req.max_new_tokens:
             bad(f"sample {i} has more than max_new_tokens={req.max_new_tokens} completion tokens")
         if g.loss_mask[sl][:p].any():
             bad(f"sample {i} has loss-masked prompt tokens")

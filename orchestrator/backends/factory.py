@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.config import Config
+from orchestrator.channels import episode_tokens
+from orchestrator.config import Config, env_spec
 
 
 def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
@@ -23,10 +24,25 @@ def build_rewards(cfg: Config, tokens):
     return RewardPool(fn, name, tokens, rows, t.reward_workers, t.reward_timeout_s, t.reward_on_error)
 
 
+def build_episodes(cfg: Config, tokens, seed: int):
+    """The multi-turn episode runner of an inference worker (orchestrator.envs.runner)."""
+    from orchestrator.data.workload import load_rows
+    from orchestrator.envs.base import resolve_env
+    from orchestrator.envs.render import TurnRenderer
+    from orchestrator.envs.runner import EpisodeRunner, Limits
+
+    t = cfg.task
+    rows = load_rows(cfg)
+    limits = Limits(t.max_turns, cfg.rollout.max_new_tokens, episode_tokens(cfg), t.env_timeout_s,
+                    t.env_on_error, t.env_workers, t.env_processes)
+    return EpisodeRunner(resolve_env(env_spec(cfg)), t.env_args, TurnRenderer(tokens, t), tokens, rows,
+                         limits, env_spec(cfg), seed)
+
+
 def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
                     prompt_tokens: int = 0):
-    """Return (backend, reward pool or None). The pool scores rollouts when the backend does not
-    (the sim backend decides its own rewards)."""
+    """Return (backend, scorer or None): the scorer is the reward pool, or the episode runner of a
+    multi-turn task (`task.env`); None when the backend decides its own rewards (sim)."""
     seed = sampling_seed(cfg, index, gen, start_step)
     if cfg.inference.backend == "sim":
         from orchestrator.backends.sim_inference import SimInference
@@ -36,12 +52,16 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
         device = "cuda:0" if cfg.inference.devices else "cpu"
         backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
                                  device=device, sample_seed=seed)
-        return backend, build_rewards(cfg, backend.tokens)
+        return backend, _scorer(cfg, backend.tokens, seed)
     if cfg.inference.backend == "vllm":
         from orchestrator.backends.vllm_inference import VllmInference
         backend = VllmInference(cfg, index, sample_seed=seed, prompt_tokens=prompt_tokens)
-        return backend, build_rewards(cfg, backend.tokens)
+        return backend, _scorer(cfg, backend.tokens, seed)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
+
+
+def _scorer(cfg: Config, tokens, seed: int):
+    return build_episodes(cfg, tokens, seed) if env_spec(cfg) else build_rewards(cfg, tokens)
 
 
 def build_trainer(cfg: Config):

@@ -13,6 +13,8 @@ Tasks (name: prompt -> answer):
   reverse2, reverse3  "472>" -> "274"
   first3              "472>" -> "4"     (first digit)
   add1                "7+5=" -> "12"    (single-digit sum)
+  lookup              "47>"  -> "47"    (the key; the multi-turn `lookup` environment, envs/lookup.py,
+                                         hides its value and scores the episode)
 The digits reward is positional over tokens: reward = positions of the completion equal to
 `answer + eos` / (answer tokens + 1); 1.0 exactly when the answer is followed by eos.
 """
@@ -52,7 +54,7 @@ def _add1() -> list[_Problem]:
 
 TASKS: dict[str, Callable[[], list[_Problem]]] = {
     "copy2": _copy(2), "copy3": _copy(3), "reverse2": _reverse(2), "reverse3": _reverse(3),
-    "first3": _first(3), "add1": _add1,
+    "first3": _first(3), "add1": _add1, "lookup": _copy(2),
 }
 
 

@@ -117,22 +117,38 @@ def _digits(field: str, tokens: ModelTokens) -> RewardFn:
 
 # ----------------------------------------------------------------------------------- resolution
 
-def _load_file(path: str, fn: str, spec: str):
-    full = os.path.abspath(path)
-    if not os.path.isfile(full):
-        raise DataError(f"task.reward={spec!r}: no such file {full}")
-    name = f"arl_reward_{abs(hash(full)):x}"
-    if name in sys.modules:
-        return sys.modules[name]
-    mod_spec = importlib.util.spec_from_file_location(name, full)
-    module = importlib.util.module_from_spec(mod_spec)
-    try:
-        mod_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise DataError(f"task.reward={spec!r}: importing {full} failed "
-                        f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
-    sys.modules[name] = module
-    return module
+def load_user_object(spec: str, field: str, what: str = "function"):
+    """The object `spec` names, `file.py:name` (a path relative to the cwd) or `module:name`; a
+    DataError naming `field` when the file, module or name cannot be loaded (shared by rewards and
+    environments)."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise DataError(f"{field}={spec!r}: not 'file.py:{what}' or 'module:{what}'")
+    if target.endswith(".py"):
+        full = os.path.abspath(target)
+        if not os.path.isfile(full):
+            raise DataError(f"{field}={spec!r}: no such file {full}")
+        mod_name = f"arl_user_{abs(hash(full)):x}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            mod_spec = importlib.util.spec_from_file_location(mod_name, full)
+            module = importlib.util.module_from_spec(mod_spec)
+            try:
+                mod_spec.loader.exec_module(module)
+            except Exception as exc:
+                raise DataError(f"{field}={spec!r}: importing {full} failed "
+                                f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+            sys.modules[mod_name] = module
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise DataError(f"{field}={spec!r}: cannot import {target} "
+                            f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise DataError(f"{field}={spec!r}: {target} has no {what} {name!r}")
+    return obj
 
 
 def resolve_reward(task_cfg, tokens: ModelTokens) -> tuple[str, RewardFn]:
@@ -144,21 +160,10 @@ def resolve_reward(task_cfg, tokens: ModelTokens) -> tuple[str, RewardFn]:
         return spec, _math_answer(field)
     if spec == "digits":
         return spec, _digits(field, tokens)
-    target, sep, fn = spec.rpartition(":")
-    if not sep or not target or not fn.isidentifier():
+    if ":" not in spec:
         raise DataError(f"task.reward={spec!r}: not a built-in ({', '.join(BUILTIN)}) and not "
                         f"'file.py:function' or 'module:function'")
-    if target.endswith(".py"):
-        module = _load_file(target, fn, spec)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as exc:
-            raise DataError(f"task.reward={spec!r}: cannot import {target} "
-                            f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
-    func = getattr(module, fn, None)
-    if func is None:
-        raise DataError(f"task.reward={spec!r}: {target} has no function {fn!r}")
+    func = load_user_object(spec, "task.reward", "function")
     if not callable(func):
-        raise DataError(f"task.reward={spec!r}: {target}.{fn} is not callable")
+        raise DataError(f"task.reward={spec!r}: {spec.replace(':', '.')} is not callable")
     return spec, func

@@ -8,7 +8,8 @@ Contract:
   once and measured. Raises `DataError` (exit 2) naming the field.
 - `load_scorer(cfg, tokens) -> (rows, reward name, reward fn)` (inference worker, with the model's
   tokens its backend loaded): the same datasets without rendering; `rows(eval, row) -> dict` reads
-  one row (memory-mapped).
+  one row (memory-mapped; `load_rows(cfg)` alone for a multi-turn task, whose environment scores).
+  A multi-turn task (`task.env`) resolves its environment at launch instead of a reward.
 """
 from __future__ import annotations
 
@@ -37,24 +38,37 @@ def _tokens(cfg):
 
 
 def load_prompts(cfg):
+    from orchestrator.config import env_spec
     from orchestrator.data.prompt_set import PromptSet
     from orchestrator.data.rewards import NEEDS_ANSWER, resolve_reward
 
     tokens = _tokens(cfg)
-    name, _ = resolve_reward(cfg.task, tokens)
+    if env_spec(cfg) is not None:          # an environment scores its episodes: resolve it here,
+        from orchestrator.envs.base import resolve_env      # so a bad task.env is exit 2
+        from orchestrator.envs.render import TurnRenderer
+        resolve_env(env_spec(cfg))
+        TurnRenderer(tokens, cfg.task)
+        needs_answer = False
+    else:
+        name, _ = resolve_reward(cfg.task, tokens)
+        needs_answer = name in NEEDS_ANSWER
     train, evl = datasets_for(cfg)
     limit = cfg.task.num_eval_prompts if cfg.task.dataset is not None else None
     return PromptSet(train, evl, PromptRenderer(tokens, cfg.task), cfg.task, cfg.run.seed,
-                     eval_limit=limit, needs_answer=name in NEEDS_ANSWER)
+                     eval_limit=limit, needs_answer=needs_answer)
+
+
+def load_rows(cfg):
+    """`rows(eval, row) -> dict`: one dataset row, memory-mapped (inference workers)."""
+    train, evl = datasets_for(cfg)
+
+    def rows(is_eval: bool, row: int) -> dict:
+        return (evl if is_eval else train)[int(row)]
+    return rows
 
 
 def load_scorer(cfg, tokens):
     from orchestrator.data.rewards import resolve_reward
 
     name, fn = resolve_reward(cfg.task, tokens)
-    train, evl = datasets_for(cfg)
-
-    def rows(is_eval: bool, row: int) -> dict:
-        return (evl if is_eval else train)[int(row)]
-
-    return rows, name, fn
+    return load_rows(cfg), name, fn

@@ -1,0 +1,368 @@
+"""Multi-turn episodes inside an inference worker: an environment thread beside the decode loop.
+
+Contract: `EpisodeRunner(env_cls, env_args, renderer, tokens, rows, limits)`. The worker's main
+thread calls `start(request_id, prompt_id, row, n, is_eval, temperature)` for a Generate (n episodes
+of dataset row `row`), `requests()` for the model turns to put to the backend (`TurnRequest`: key,
+the trajectory's ids so far, max new tokens), `turn_done(key, sequences)` with the backend's
+one-row result of a turn, `ready()` for finished groups (`shm.codec.Sequences`, rewards and
+scalars filled), `cancel(request_id)` (returns the turn keys to abort in the backend), `close()`.
+Episodes are coroutines on the environment thread's asyncio loop; blocking work runs on a pool
+(threads, or processes with `task.env_processes`). The decode loop never waits on an environment,
+and weights reload between decode steps, so later turns carry newer versions.
+
+A trajectory is one id list built only by appending: the opening (loss mask 0), each turn's sampled
+ids verbatim with their logprobs and versions (mask 1), each rendered reply (mask 0); a turn's
+prompt is exactly the ids so far. An episode ends when the environment says done, or by a limit,
+with reward 0 and a counted reason: `task.max_turns` model turns, `task.max_episode_tokens` in all
+(a turn gets at most the tokens left, a reply that would pass the limit is not appended), a call
+past `task.env_timeout_s`, or a reply the renderer cannot append (`AppendError`: rejected). An
+environment call that raises fails the run naming the environment and the row (`BadEnvOutput`, exit
+2) unless `task.env_on_error: zero` (reward 0, counted as reward_errors). A group is handed out only
+when all its episodes ended, so an episode in flight at a crash is redone whole.
+
+`scalars` of a finished group (summed over its episodes, except TURNS_MAX): `envs.base.SCALARS`.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import inspect
+import multiprocessing as mp
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput
+from orchestrator.data.tokens import ModelTokens, completion_text
+from orchestrator.envs.base import (ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS,
+                                    TURNS_MAX, ModelTurn, StepResult)
+from orchestrator.envs.render import AppendError, TurnRenderer
+from shm.codec import Sequences
+
+KEY_BASE = 1 << 60          # backend request ids of turns: above any supervisor request id
+CLOSE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Limits:
+    max_turns: int
+    max_new_tokens: int          # per turn
+    max_episode_tokens: int
+    timeout_s: float
+    on_error: str                # "fail" | "zero"
+    workers: int
+    processes: bool = False
+
+
+@dataclass
+class TurnRequest:
+    key: int
+    prompt_id: int
+    ids: np.ndarray
+    max_new_tokens: int
+    temperature: float
+    eval: bool
+
+
+class _Ended(Exception):
+    """An episode ended by a limit (reason: 'limited' or 'rejected')."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+@dataclass
+class _Episode:
+    env: Any
+    ids: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    versions: list = field(default_factory=list)
+    prompt_len: int = 0
+    turns: int = 0
+    env_s: float = 0.0
+    gen_s: float = 0.0
+    tool_calls: float = 0.0
+    reward: float = 0.0
+    ended: Optional[str] = None          # limited / rejected / error
+
+
+@dataclass
+class _Group:
+    request_id: int
+    prompt_id: int
+    row: int
+    is_eval: bool
+    temperature: float
+    n: int
+    task: Optional[asyncio.Future] = None
+    keys: set = field(default_factory=set)
+
+
+class EpisodeRunner:
+    def __init__(self, env_cls: type, env_args: dict, renderer: TurnRenderer, tokens: ModelTokens,
+                 rows: Callable[[bool, int], dict], limits: Limits, name: str, seed: int):
+        self.env_cls, self.env_args, self.renderer, self.tokens = env_cls, dict(env_args), renderer, tokens
+        self.rows, self.limits, self.name = rows, limits, name
+        self._seeds = np.random.SeedSequence(seed)
+        self._requests: "queue.SimpleQueue[TurnRequest]" = queue.SimpleQueue()
+        self._done: "queue.SimpleQueue[tuple[int, Any]]" = queue.SimpleQueue()
+        self._turns: dict[int, tuple[asyncio.Future, float]] = {}   # key -> (future, submit time)
+        self._groups: dict[int, _Group] = {}
+        self._next_key = KEY_BASE
+        self._lock = threading.Lock()
+        self.pool: cf.Executor = (
+            cf.ProcessPoolExecutor(limits.workers, mp_context=mp.get_context("spawn"))
+            if limits.processes else cf.ThreadPoolExecutor(limits.workers, thread_name_prefix="env-tool"))
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="env", daemon=True)
+        self._thread.start()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    # ------------------------------------------------------------------ main-thread side
+    def start(self, request_id: int, prompt_id: int, row: int, n: int, is_eval: bool,
+              temperature: float) -> None:
+        g = _Group(request_id, prompt_id, row, is_eval, temperature, n)
+        with self._lock:
+            self._groups[request_id] = g
+        g.task = asyncio.run_coroutine_threadsafe(self._group(g), self.loop)
+
+    def requests(self) -> list[TurnRequest]:
+        out = []
+        while True:
+            try:
+                out.append(self._requests.get_nowait())
+            except queue.Empty:
+                return out
+
+    def owns(self, key: int) -> bool:
+        return key >= KEY_BASE
+
+    def turn_done(self, key: int, seqs: Sequences) -> None:
+        p = int(seqs.prompt_lens[0])
+        sl = seqs.seq(0)
+        ids = [int(t) for t in seqs.tokens[sl][p:]]
+        turn = (ids, seqs.logprobs[sl][p:].tolist(), seqs.versions[sl][p:].tolist())
+        with self._lock:
+            fut, t0 = self._turns.pop(key, (None, 0.0))
+        if fut is not None:
+            self.loop.call_soon_threadsafe(_resolve, fut, (turn, time.monotonic() - t0))
+
+    def cancel(self, request_id: int) -> list[int]:
+        """Stop a group's episodes; the backend turn keys to abort."""
+        with self._lock:
+            g = self._groups.pop(request_id, None)
+            keys = sorted(g.keys) if g is not None else []
+            for k in keys:
+                self._turns.pop(k, None)
+        if g is not None and g.task is not None:
+            g.task.cancel()
+        return keys
+
+    def busy(self) -> bool:
+        return bool(self._groups)
+
+    def ready(self) -> list[Sequences]:
+        """Finished groups; raises BadEnvOutput for a failed one (task.env_on_error=fail)."""
+        out = []
+        while True:
+            try:
+                rid, result = self._done.get_nowait()
+            except queue.Empty:
+                return out
+            with self._lock:
+                if self._groups.pop(rid, None) is None:
+                    continue                    # cancelled meanwhile
+            if isinstance(result, BaseException):
+                raise result
+            out.append(result)
+
+    def close(self) -> None:
+        """Cancel every episode and let them close their environments (bounded), then stop."""
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+
+        self._groups.clear()
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(CLOSE_TIMEOUT_S + 1)
+            except Exception:           # noqa: BLE001 - closing anyway
+                pass
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(CLOSE_TIMEOUT_S)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ environment thread
+    async def _group(self, g: _Group) -> None:
+        tasks = [asyncio.ensure_future(self._episode(g, i)) for i in range(g.n)]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:          # cancel(): every episode stops, its env closes
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        for t in pending:                       # a failed episode fails the group at once
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        failed = [t.exception() for t in done if t.exception() is not None]
+        # BadEnvOutput, or a bug: reported by ready() on the worker's main thread
+        self._done.put((g.request_id, failed[0] if failed else
+                        self._sequences(g, [t.result() for t in tasks])))
+
+    def _where(self, g: _Group) -> str:
+        kind = "eval row" if g.is_eval else "row"
+        return f"environment {self.name!r} for {kind} {g.row} (prompt {g.prompt_id})"
+
+    async def _call(self, g: _Group, ep: _Episode, what: str, fn, *args):
+        """One environment call under the timeout; its time counts as environment time."""
+        t0 = time.monotonic()
+        try:
+            if inspect.iscoroutinefunction(fn):
+                coro = fn(*args)
+            else:
+                coro = self.loop.run_in_executor(None if self.limits.processes else self.pool,
+                                                 lambda: fn(*args))
+            result = await asyncio.wait_for(coro, self.limits.timeout_s)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, self.limits.timeout_s)
+            return result
+        except asyncio.TimeoutError:
+            raise _Ended("limited") from None
+        except (asyncio.CancelledError, _Ended):
+            raise
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            raise _EnvError(f"{self._where(g)}: {what} raised {why}") from None
+        finally:
+            ep.env_s += time.monotonic() - t0
+
+    async def _generate(self, g: _Group, ep: _Episode, max_new: int) -> tuple:
+        fut = self.loop.create_future()
+        with self._lock:
+            key, self._next_key = self._next_key, self._next_key + 1
+            self._turns[key] = (fut, time.monotonic())
+            g.keys.add(key)
+        self._requests.put(TurnRequest(key, g.prompt_id, np.asarray(ep.ids, np.int32), max_new,
+                                       g.temperature, g.is_eval))
+        try:
+            turn, gen_s = await fut
+        finally:
+            g.keys.discard(key)
+        ep.gen_s += gen_s
+        return turn
+
+    async def _episode(self, g: _Group, i: int) -> _Episode:
+        env = self.env_cls(**self.env_args)
+        env.rng = np.random.default_rng(self._seeds.spawn(1)[0])
+        env._pool = self.pool
+        ep = _Episode(env)
+        lim = self.limits
+        try:
+            row = self.rows(g.is_eval, g.row)
+            history = await self._call(g, ep, "reset()", env.reset, row)
+            try:
+                ep.ids, state = self.renderer.opening(history, getattr(env, "tools", None))
+            except (AppendError, TypeError) as exc:
+                raise _EnvError(f"{self._where(g)}: reset() returned messages that cannot be "
+                                f"rendered ({exc})") from None
+            history = list(history)
+            ep.prompt_len = len(ep.ids)
+            ep.mask = [0] * len(ep.ids)
+            ep.logprobs = [0.0] * len(ep.ids)
+            ep.versions = [-1] * len(ep.ids)
+            while True:
+                left = lim.max_episode_tokens - len(ep.ids)
+                if ep.turns >= lim.max_turns or left <= 0:
+                    raise _Ended("limited")
+                ids, lps, vers = await self._generate(g, ep, min(lim.max_new_tokens, left))
+                ep.turns += 1
+                ep.ids += ids
+                ep.mask += [1] * len(ids)
+                ep.logprobs += lps
+                ep.versions += vers
+                stopped = bool(ids) and ids[-1] in self.tokens.stop_ids
+                turn = ModelTurn(completion_text(self.tokens, ids), ids, stopped)
+                history.append({"role": "assistant", "content": turn.text})
+                res = await self._call(g, ep, "step()", env.step, turn)
+                if not isinstance(res, StepResult):
+                    raise _EnvError(f"{self._where(g)}: step() returned {type(res).__name__}, "
+                                    f"not a StepResult")
+                ep.tool_calls += float(res.metrics.get("tool_calls", 0.0))
+                if res.done:
+                    break
+                try:
+                    reply = self.renderer.reply(state, history, ids, res.messages)
+                except AppendError:
+                    raise _Ended("rejected") from None
+                except TypeError as exc:
+                    raise _EnvError(f"{self._where(g)}: step() returned a bad reply ({exc})") from None
+                if len(ep.ids) + len(reply) > lim.max_episode_tokens:
+                    raise _Ended("limited")
+                history += res.messages
+                ep.ids += reply
+                ep.mask += [0] * len(reply)
+                ep.logprobs += [0.0] * len(reply)
+                ep.versions += [-1] * len(reply)
+            reward = await self._call(g, ep, "score()", env.score, history)
+            if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, (int, float, np.number)) \
+                    or not np.isfinite(float(reward)):
+                raise _EnvError(f"{self._where(g)}: score() returned {reward!r}"[:200] + ", not a finite number")
+            ep.reward = float(reward)
+        except _Ended as end:
+            ep.ended, ep.reward = end.reason, 0.0
+        except _EnvError as exc:
+            if lim.on_error == "fail":
+                raise BadEnvOutput(str(exc)) from None
+            ep.ended, ep.reward = "error", 0.0
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close):
+                try:
+                    await self._call(g, ep, "close()", close)
+                except (_Ended, _EnvError):
+                    pass
+        return ep
+
+    def _sequences(self, g: _Group, eps: list[_Episode]) -> Sequences:
+        lens = np.array([len(e.ids) for e in eps], np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+        cat = lambda attr, dt: np.array([x for e in eps for x in getattr(e, attr)], dt)   # noqa: E731
+        loss_mask, versions = cat("mask", np.uint8), cat("versions", np.int32)
+        live = versions[loss_mask.astype(bool)]
+        scalars = np.zeros(len(SCALARS), np.float64)
+        scalars[REWARD_ERRORS] = sum(e.ended == "error" for e in eps)
+        scalars[TURNS] = sum(e.turns for e in eps)
+        scalars[TURNS_MAX] = max(e.turns for e in eps)
+        scalars[ENV_S] = sum(e.env_s for e in eps)
+        scalars[GEN_S] = sum(e.gen_s for e in eps)
+        scalars[TOOL_CALLS] = sum(e.tool_calls for e in eps)
+        scalars[LIMITED] = sum(e.ended == "limited" for e in eps)
+        scalars[REJECTED] = sum(e.ended == "rejected" for e in eps)
+        return Sequences(
+            kind=1 if g.is_eval else 0, ident=g.request_id, version=int(live.min()) if live.size else -1,
+            offsets=offsets, prompt_lens=np.array([e.prompt_len for e in eps], np.int32),
+            prompt_ids=np.full(len(eps), g.prompt_id, np.int64), tokens=cat("ids", np.int32),
+            logprobs=cat("logprobs", np.float32), versions=versions, loss_mask=loss_mask,
+            rewards=np.array([e.reward for e in eps], np.float32),
+            advantages=np.zeros(len(eps), np.float32), scalars=scalars)
+
+
+class _EnvError(Exception):
+    """An environment call raised or returned something unusable (one line, names env and row)."""
+
+
+def _resolve(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
