@@ -1,12 +1,16 @@
 """Async vs synchronous RL loop, measured in one run: steps/s and trainer busy fraction.
 
     python scripts/bench_pipeline.py [--steps 40] [--latency 0.05] [--step-time 0.05] [--backend sim]
+    python scripts/bench_pipeline.py --backend multiturn [--tool-latency 0.05] [--tool-sigma 1.0]
 
 Runs the real supervisor twice per round, alternating: `max_head_offpolicyness=0` (the synchronous
 baseline: generation and training take turns) and `max_head_offpolicyness=S` (asynchronous), with
 the same rollout latency and trainer step time, and prints the median throughput ratio with the
 observed ages. With the `sim` backends the work is sleeps, so the ratio measures the orchestration
 (overlap, gate, ship hold, weight sync), not compute. `--backend torch` runs the default job's model.
+`--backend multiturn` runs the multi-turn tool job (configs/multiturn.yaml: the tiny model, the
+`lookup` environment) with a long-tailed tool latency (lognormal, mean `--tool-latency`, sigma
+`--tool-sigma`): episodes of two model turns around a tool call whose wait varies per episode.
 """
 from __future__ import annotations
 
@@ -26,6 +30,10 @@ def run_once(S: int, args, run_dir: str) -> dict:
     if args.backend == "sim":
         cfg = "configs/sim.yaml"
         extra = [f"inference.sim.latency_s={args.latency}", f"actor.sim.step_time_s={args.step_time}"]
+    elif args.backend == "multiturn":
+        cfg = "configs/multiturn.yaml"
+        extra = ["eval.every_steps=0", "run.checkpoint_every=0",
+                 f"task.env_args={{latency_s: {args.tool_latency}, latency_sigma: {args.tool_sigma}}}"]
     else:
         cfg = "configs/default.yaml"
         extra = ["eval.every_steps=0", "run.checkpoint_every=0"]
@@ -41,7 +49,8 @@ def run_once(S: int, args, run_dir: str) -> dict:
     span = warm[-1]["time"] - warm[0]["time"]
     train = sum(r["train_s"] for r in warm[1:])
     return {"steps_per_s": (len(warm) - 1) / span, "trainer_busy": train / span,
-            "age_max": max(r["age_max"] for r in steps), "age_mean": statistics.mean(r["age_mean"] for r in steps)}
+            "age_max": max(r["age_max"] for r in steps), "age_p99": max(r["age_p99"] for r in steps),
+            "age_mean": statistics.mean(r["age_mean"] for r in steps)}
 
 
 def main(argv=None) -> int:
@@ -51,7 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--staleness", type=int, default=2)
     ap.add_argument("--latency", type=float, default=0.05, help="sim rollout latency (s)")
     ap.add_argument("--step-time", type=float, default=0.05, help="sim trainer step time (s)")
-    ap.add_argument("--backend", choices=["sim", "torch"], default="sim")
+    ap.add_argument("--backend", choices=["sim", "torch", "multiturn"], default="sim")
+    ap.add_argument("--tool-latency", type=float, default=0.05, help="multiturn: mean tool latency (s)")
+    ap.add_argument("--tool-sigma", type=float, default=1.0, help="multiturn: lognormal sigma of it")
     args = ap.parse_args(argv)
     res = {0: [], args.staleness: []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,13 +72,17 @@ def main(argv=None) -> int:
     sync, asyn = res[0], res[args.staleness]
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
     ratio = med(asyn, "steps_per_s") / med(sync, "steps_per_s")
-    print(f"bench_pipeline: backend {args.backend}, {args.steps} steps x {args.rounds} rounds, "
-          f"latency {args.latency}s, step {args.step_time}s")
-    print(f"{'mode':14s} {'steps/s':>9s} {'trainer busy':>13s} {'age max':>8s} {'age mean':>9s}")
+    workload = (f"tool latency {args.tool_latency}s, sigma {args.tool_sigma}" if args.backend == "multiturn"
+                else f"latency {args.latency}s, step {args.step_time}s")
+    print(f"bench_pipeline: backend {args.backend}, {args.steps} steps x {args.rounds} rounds, {workload}")
+    print(f"{'mode':14s} {'steps/s':>9s} {'(min-max)':>13s} {'trainer busy':>13s} {'age max':>8s} "
+          f"{'age p99':>8s} {'age mean':>9s}")
     for name, xs in (("sync (S=0)", sync), (f"async (S={args.staleness})", asyn)):
-        print(f"{name:14s} {med(xs, 'steps_per_s'):9.2f} {med(xs, 'trainer_busy'):13.2f} "
-              f"{max(x['age_max'] for x in xs):8d} {med(xs, 'age_mean'):9.2f}")
-    print(f"async / sync throughput: {ratio:.2f}x")
+        rates = [x["steps_per_s"] for x in xs]
+        print(f"{name:14s} {med(xs, 'steps_per_s'):9.2f} {f'({min(rates):.2f}-{max(rates):.2f})':>13s} "
+              f"{med(xs, 'trainer_busy'):13.2f} {max(x['age_max'] for x in xs):8d} "
+              f"{max(x['age_p99'] for x in xs):8.1f} {med(xs, 'age_mean'):9.2f}")
+    print(f"async / sync throughput: {ratio:.2f}x (median of {args.rounds} rounds)")
     return 0
 
 

@@ -68,6 +68,25 @@ def test_kill_resume_with_a_dataset_keeps_prompts_exactly_once(tmp_path):
     assert result["prompts_exactly_once"] and result["shm_leftovers"] == []
 
 
+def test_kill_resume_multiturn_redoes_episodes_in_flight(tmp_path):
+    """The multi-turn tool task (configs/multiturn.yaml, the lookup environment with a tool latency
+    so episodes are in flight at every kill): kills in steady state, at checkpoints and during
+    recovery; episodes in flight are redone whole, finished ones saved with a checkpoint are reused
+    under the bound, and every prompt is trained exactly once."""
+    out, result = soak(tmp_path, "--kills", "3", "--seed", "2", "--phases",
+                       "steady,checkpoint,recovery", "--hang-timeout", "60", "--timeout", "120",
+                       "run.total_steps=24", "run.checkpoint_every=4", "eval.every_steps=0",
+                       "task.env_args={latency_s: 0.01, latency_sigma: 1.0}",
+                       config="configs/multiturn.yaml")
+    assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
+    assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
+    assert result["prompts_exactly_once"] and result["bound_kept_on_resume"]
+    assert result["shm_leftovers"] == []
+    resumes = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl"))
+               if r["kind"] == "event" and r["event"] == "resume"]
+    assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone
+
+
 @pytest.mark.slow
 def test_kill_resume_long_soak(tmp_path):
     out, result = soak(tmp_path, "--kills", "50", "--seed", "7", "--hang-timeout", "60",
