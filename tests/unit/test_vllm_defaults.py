@@ -30,6 +30,15 @@ def test_context_is_the_task_capped_by_the_model():
     assert context_length(_cfg(max_model_len=1024), QWEN05, prompt_tokens=256) == 1024
 
 
+def test_multiturn_context_is_the_episode_budget():
+    cfg = Config.model_validate({"inference": {"backend": "vllm"}, "actor": {"backend": "torch"},
+                                 "rollout": {"max_new_tokens": 8},
+                                 "task": {"name": "lookup", "max_episode_tokens": 40}})
+    assert context_length(cfg, QWEN05, prompt_tokens=4) == 40         # not 4 + 8: turns and replies
+    cfg.task.max_episode_tokens = None                                # the built-in model's context
+    assert context_length(cfg, QWEN05, prompt_tokens=4) == cfg.model.max_seq_len
+
+
 def test_cpu_kv_cache_fits_max_batch_sequences_of_the_context():
     per_token = 2 * 24 * 2 * 64 * 2                       # K and V, layers, kv heads, head_dim, bf16
     need = 64 * 512 * per_token
