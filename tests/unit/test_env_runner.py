@@ -4,6 +4,7 @@ their versions and logprobs, replies masked out), limits end episodes with rewar
 reason, a raising environment fails naming it and the row or is counted, sync environments run on
 the pool, every episode's environment is closed once, cancel stops a group."""
 import asyncio
+import os
 import threading
 import time
 
@@ -219,3 +220,29 @@ def test_cancel_stops_a_group_and_returns_its_turns():
         time.sleep(0.005)
     assert r.ready() == [] and len(CLOSED) == 3
     r.close()
+
+
+class ToolPid(Environment):
+    """One turn whose tool reports the process it ran in."""
+
+    async def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    async def step(self, turn):
+        self.pid = await self.run_tool(os.getpid)
+        return StepResult(done=True)
+
+    async def score(self, transcript):
+        return float(self.pid)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_tools_run_on_the_pool_threads_or_processes(processes):
+    rows = lambda is_eval, row: {"prompt": "01>"}               # noqa: E731
+    lim = Limits(2, 3, 60, 30.0, "fail", workers=2, processes=processes)
+    r = EpisodeRunner(ToolPid, {}, TurnRenderer(TOKENS, TaskConfig()), TOKENS, rows, lim, "pid", seed=0)
+    r.start(1, prompt_id=0, row=0, n=2, is_eval=False, temperature=1.0)
+    (g,), _ = drive(r, deadline_s=60)
+    r.close()
+    pids = set(g.rewards.astype(int).tolist())
+    assert (os.getpid() in pids) != processes and len(pids) >= 1
