@@ -19,8 +19,9 @@ process pool with `task.env_processes: true`: `fn` and its arguments must pickle
 JSON schemas (OpenAI function format) passed to the chat template when the opening messages are
 rendered.
 
-Registry: `resolve_env(spec)` takes a built-in name (`BUILTIN`) or `path.py:Class` / `module:Class`
-(loaded like a user reward) and returns the class; a bad spec is a DataError naming `task.env`.
+Registry: `resolve_env(spec)` takes a built-in name (`lookup`, `verifiers`: environments written for
+the verifiers library, `envs.verifiers_env`) or `path.py:Class` / `module:Class` (loaded like a user
+reward) and returns the class; a bad spec is a DataError naming `task.env`.
 """
 from __future__ import annotations
 
@@ -72,12 +73,15 @@ class Environment:
 
 def resolve_env(spec: str) -> type:
     """The environment class `task.env` names (see the module docstring)."""
-    from orchestrator.envs.lookup import LookupEnv
-    builtin = {"lookup": LookupEnv}
-    if spec in builtin:
-        return builtin[spec]
+    builtin = ("lookup", "verifiers")
+    if spec == "lookup":
+        from orchestrator.envs.lookup import LookupEnv
+        return LookupEnv
+    if spec == "verifiers":         # the adapter (and verifiers) load only when named; a missing or
+        from orchestrator.envs.verifiers_env import VerifiersEnv    # unsupported one: DataError
+        return VerifiersEnv
     if ":" not in spec:
-        raise DataError(f"task.env={spec!r}: not a built-in ({', '.join(sorted(builtin))}) and not "
+        raise DataError(f"task.env={spec!r}: not a built-in ({', '.join(builtin)}) and not "
                         f"'file.py:Class' or 'module:Class'")
     from orchestrator.data.rewards import load_user_object
     cls = load_user_object(spec, "task.env", "class")

@@ -41,7 +41,7 @@ def test_registry(tmp_path, monkeypatch):
     for spec, needle in [("envs_here.py:NoScore", "has no score method"),
                          ("envs_here.py:not_a_class", "is not a class"),
                          ("envs_here.py:Missing", "has no class 'Missing'"),
-                         ("nope", "not a built-in (lookup)")]:
+                         ("nope", "not a built-in (lookup, verifiers)")]:
         with pytest.raises(DataError, match=re.escape(needle)) as info:
             resolve_env(spec)
         assert str(info.value).startswith(f"task.env={spec!r}")
