@@ -9,6 +9,9 @@ codec records of older runs) with ident K, version K-1 and B*group_size samples;
 trained twice, and when final every prompt of the stream 0..T*B-1 (mod task.num_train_prompts) is
 trained exactly once, group_size samples each. The prompt check assumes every batch holds all its
 groups (rollout.filter_zero_std=false): with the filter on, dropped groups count as never trained.
+With `run.keep_batches`, batch files of steps more than that many before k may be gone (pruned):
+they are counted (`batches_pruned`), the kept ones are checked, and "every prompt trained" cannot
+be (only "none twice").
 Returns the check fields, `failures` (one string each) and `ok`.
 """
 from __future__ import annotations
@@ -93,13 +96,17 @@ def audit(run_dir, final: bool = True) -> dict:
     expected = Counter()
     for index in range(target * B):
         expected[index % num_train] += g
-    seen, batch_errors = Counter(), []
+    keep = cfg["run"].get("keep_batches")
+    seen, batch_errors, pruned = Counter(), [], 0
     for step in range(1, k + 1):
         path = os.path.join(run_dir, "batches", f"step_{step:08d}.rec")
         try:
             b = read_batch(path)
         except FileNotFoundError:
-            batch_errors.append(f"step {step}: no batch file")
+            if keep is not None and step <= k - int(keep):
+                pruned += 1
+            else:
+                batch_errors.append(f"step {step}: no batch file")
             continue
         except Exception as exc:                # RecordError, CodecError: a damaged batch
             batch_errors.append(f"step {step}: {type(exc).__name__}: {exc}")
@@ -113,7 +120,7 @@ def audit(run_dir, final: bool = True) -> dict:
         failures.append(f"batch files: {batch_errors[:5]}" + (f" (+{len(batch_errors) - 5})"
                                                               if len(batch_errors) > 5 else ""))
     twice = sorted(i for i, c in seen.items() if c > expected.get(i, 0))
-    missing = sorted(i for i, c in expected.items() if seen.get(i, 0) < c) if final else []
+    missing = sorted(i for i, c in expected.items() if seen.get(i, 0) < c) if final and not pruned else []
     prompts_ok = not batch_errors and not twice and not missing
     if twice:
         failures.append(f"prompts trained more than once (or out of range): {twice[:10]}"
@@ -129,6 +136,7 @@ def audit(run_dir, final: bool = True) -> dict:
         "resumed_steps": [x["step"] for x in resumed],
         "resumed_admitted": [x.get("admitted") for x in resumed],
         "prompts_exactly_once": prompts_ok,
+        "batches_pruned": pruned,
         "failures": failures,
         "ok": not failures,
     }

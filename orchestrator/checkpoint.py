@@ -8,6 +8,11 @@ file) last, renames the directory to `step_k/` (replacing whatever a killed comm
 under that name) and names it in `checkpoints/latest`; every rename is followed by an fsync of
 its directory, so a host crash leaves either the old or the new checkpoint.
 
+Retention (`prune`, after each commit): the newest `run.keep_checkpoints` committed checkpoints
+stay, and those whose step is a multiple of `run.keep_checkpoint_every`; an older one is renamed to
+`step_k.stale` (fsync) and removed, so a kill mid-removal leaves a name no resume considers (the
+next resume deletes it). The checkpoint just committed is always among the kept.
+
 Resume never trusts `latest` alone: `find_resumable` validates checkpoints newest first (manifest,
 sizes, checksums, supervisor.json) and returns the newest complete one, with a warning for every
 damaged one it skipped. A kill at any instant of a commit therefore leaves a resumable run.
@@ -170,6 +175,24 @@ def committed(run_dir: str) -> list[tuple[int, str]]:
         return []
     out = [(int(m.group(1)), os.path.join(ckdir, n)) for n in names if (m := _NAME.match(n))]
     return sorted(out, reverse=True)
+
+
+def prune(run_dir: str, keep: Optional[int], every: Optional[int] = None) -> list[int]:
+    """Delete committed checkpoints past the retention policy (module docstring); their steps."""
+    if keep is None:
+        return []
+    removed = []
+    for i, (step, path) in enumerate(committed(run_dir)):       # newest first
+        if i < keep or (every and step % every == 0):
+            continue
+        stale = path + ".stale"
+        if os.path.lexists(stale):
+            shutil.rmtree(stale)
+        os.replace(path, stale)
+        fsync_dir(os.path.dirname(path))
+        shutil.rmtree(stale)
+        removed.append(step)
+    return removed
 
 
 def find_resumable(run_dir: str, at_most: Optional[int] = None) -> Found:

@@ -77,6 +77,17 @@ class RunConfig(_Section):
     startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, description="how long workers may "
                                      "take to report ready (<= 1 day: longer is a hang, not a load)")
     progress: bool = Field(True, description="progress bar on the console")
+    keep_checkpoints: Optional[int] = Field(3, ge=1, le=MAX_STEPS, description="committed "
+                                            "checkpoints kept (the newest N; older ones are deleted "
+                                            "after each commit); None: keep all")
+    keep_checkpoint_every: Optional[int] = Field(None, ge=1, le=MAX_STEPS, description="also keep, "
+                                                 "for good, every checkpoint whose step is a "
+                                                 "multiple of this")
+    keep_batches: Optional[int] = Field(None, ge=1, le=MAX_STEPS, description="persisted batches "
+                                        "kept: the newest N steps' (older ones are deleted once a "
+                                        "checkpoint covers them); None: keep all, the audit trail")
+    batch_compression: int = Field(3, ge=0, le=22, description="zstd level of persisted batch "
+                                   "records (0: uncompressed)")
 
 
 class SimInferenceConfig(_Section):

@@ -5,10 +5,12 @@ Contract
   After it returns the new content survives a host crash; a crash before leaves the old content.
 - `fsync_dir(path)`: make a directory's entries (renames, creations, removals) durable;
   `sync_files(paths)`: make files written with durable=False (and their directories) durable.
-- `write_record(path, payload)` / `read_record(path)`: a record file is a 32-byte header (magic
-  b"ARLREC\\0\\1", payload length u64, CRC32 of the payload u32, CRC32 of the header's first 20
-  bytes u32, 8 zero bytes) then the payload. `read_record` checks length and both checksums and raises
-  `RecordError` (naming the file) on any mismatch: a damaged record never decodes into other bytes.
+- `write_record(path, payload, compress=0)` / `read_record(path)`: a record file is a 32-byte header
+  (magic b"ARLREC\\0\\1", or b"ARLREC\\0\\2" when the stored bytes are the payload compressed with
+  zstd at level `compress`; stored length u64, CRC32 of the stored bytes u32, CRC32 of the header's
+  first 20 bytes u32, 8 zero bytes) then the stored bytes. `read_record` checks length and both
+  checksums, decompresses, and raises `RecordError` (naming the file) on any mismatch: a damaged
+  record never decodes into other bytes.
 - `DiskFull`: an OSError with ENOSPC/EDQUOT raised by these writes, re-raised with the path named
   (`disk_full(exc, path)` converts one raised elsewhere; `str()` is the one line launch prints).
 """
@@ -20,6 +22,7 @@ import struct
 import zlib
 
 MAGIC = b"ARLREC\x00\x01"
+MAGIC_ZSTD = b"ARLREC\x00\x02"       # the stored bytes are a zstd frame of the payload
 _HDR = struct.Struct("<8sQII8x")
 HEADER_SIZE = _HDR.size
 assert HEADER_SIZE == 32
@@ -85,16 +88,22 @@ def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
     _replace(path, (data,), durable)
 
 
-def record_header(payload) -> bytes:
+def record_header(payload, magic: bytes = MAGIC) -> bytes:
     crc = zlib.crc32(payload)
-    head = struct.pack("<8sQI", MAGIC, len(payload), crc)
-    return _HDR.pack(MAGIC, len(payload), crc, zlib.crc32(head))
+    head = struct.pack("<8sQI", magic, len(payload), crc)
+    return _HDR.pack(magic, len(payload), crc, zlib.crc32(head))
 
 
-def write_record(path: str, payload, durable: bool = True) -> None:
+def write_record(path: str, payload, durable: bool = True, compress: int = 0) -> None:
     """Atomically write one checksummed record file; durably unless durable=False (then the
-    caller makes it durable later with `sync_files`, e.g. once per checkpoint)."""
-    _replace(path, (record_header(payload), payload), durable)
+    caller makes it durable later with `sync_files`, e.g. once per checkpoint). `compress`: a zstd
+    level (1-22) to store the payload compressed; 0 stores it as is."""
+    if compress:
+        import zstandard
+        payload = zstandard.ZstdCompressor(level=compress).compress(payload)
+        _replace(path, (record_header(payload, MAGIC_ZSTD), payload), durable)
+    else:
+        _replace(path, (record_header(payload), payload), durable)
 
 
 def sync_files(paths) -> None:
@@ -118,7 +127,7 @@ def read_record(path: str) -> memoryview:
     if len(data) < HEADER_SIZE:
         raise RecordError(f"record file {path} is truncated ({len(data)} bytes)")
     magic, length, crc, hcrc = _HDR.unpack_from(data)
-    if magic != MAGIC:
+    if magic not in (MAGIC, MAGIC_ZSTD):
         raise RecordError(f"{path} is not a record file (bad magic)")
     if zlib.crc32(data[:20]) != hcrc or any(data[24:HEADER_SIZE]):
         raise RecordError(f"record file {path} has a damaged header")
@@ -128,4 +137,10 @@ def read_record(path: str) -> memoryview:
     payload = memoryview(data)[HEADER_SIZE:]
     if zlib.crc32(payload) != crc:
         raise RecordError(f"record file {path} is damaged (payload checksum mismatch)")
+    if magic == MAGIC_ZSTD:
+        import zstandard
+        try:
+            return memoryview(zstandard.ZstdDecompressor().decompress(payload))
+        except zstandard.ZstdError as exc:
+            raise RecordError(f"record file {path}: its zstd payload does not decompress ({exc})") from None
     return payload

@@ -6,8 +6,10 @@ the gate has capacity -> pump the dispatcher -> stamp finished groups and feed t
 persist and park full batches -> ship one when the trainer has caught up -> sleep on the doorbell
 if nothing happened. Invariants kept here: admission only through `StalenessGate`; at most one
 batch outstanding at the trainer (so a batch is trained at exactly `step - 1`); every batch is
-persisted under `batches/` before it ships; a drain at `run.total_steps`; N consecutive batches
-with nothing trainable stop the run.
+persisted under `batches/` before it ships (zstd at `run.batch_compression`); a drain at
+`run.total_steps`; N consecutive batches with nothing trainable stop the run. Disk stays bounded:
+after each checkpoint commit, checkpoints past `run.keep_checkpoints` (`checkpoint.prune`) and, with
+`run.keep_batches`, batch files older than that many steps before the committed one are deleted.
 """
 from __future__ import annotations
 
@@ -96,6 +98,7 @@ class EventLoop:
         self.unsynced: list[str] = []             # batch files not fsynced yet (synced at commit)
         self.redispatched: set[int] = set()       # request ids put back after a worker died
         self.last_ckpt = start_step
+        self.batches_pruned = 0                   # batch files of steps <= this are deleted
         self.abort = False
         self.reused = 0
         self.last_eval = start_step
@@ -256,7 +259,7 @@ class EventLoop:
             batch, info = self.sink.take_batch(step, version=step - 1)
             record = bytes(encode(batch))
             path = os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec")
-            write_record(path, record, durable=False)
+            write_record(path, record, durable=False, compress=self.cfg.run.batch_compression)
             self.unsynced.append(path)
             self.parked.append(Parked(step, record, info, time.monotonic()))
             self.built = step
@@ -400,6 +403,19 @@ class EventLoop:
         for step in ready:
             checkpoint.commit(self.to_commit.pop(step))
             self.last_ckpt = max(self.last_ckpt, step)
+        run = self.cfg.run
+        removed = checkpoint.prune(self.run_dir, run.keep_checkpoints, run.keep_checkpoint_every)
+        if removed:
+            log.info("removed checkpoints of steps %s (run.keep_checkpoints=%s)", removed,
+                     run.keep_checkpoints)
+        if run.keep_batches is not None:    # covered by a committed checkpoint: no resume needs them
+            upto = self.last_ckpt - run.keep_batches
+            for k in range(self.batches_pruned + 1, upto + 1):
+                try:
+                    os.remove(os.path.join(self.run_dir, "batches", f"step_{k:08d}.rec"))
+                except FileNotFoundError:
+                    pass
+            self.batches_pruned = max(self.batches_pruned, upto)
 
     def reuse_rollouts(self, ckpt_dir: str, state: dict) -> None:
         """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint

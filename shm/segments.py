@@ -113,6 +113,8 @@ class Segment:
             raise FileExistsError(f"shm segment {name} already exists "
                                   "(left by a dead run? see shm.segments.sweep_dead)") from None
         try:
+            if prefault:            # allocate every page now (one call, no page touched from Python):
+                os.posix_fallocate(shm.fd, 0, size)     # a full /dev/shm is ENOSPC here, not SIGBUS later
             mm = mmap.mmap(shm.fd, size)
         except BaseException:
             shm.close_fd()
@@ -120,9 +122,6 @@ class Segment:
             raise
         shm.close_fd()
         try:
-            if prefault:                               # allocate and map every page now
-                for off in range(0, size, PAGE):
-                    mm[off] = 0
             pid, ctime = _self_identity()
             HEADER.pack_into(mm, 0, b"\x00" * 8, LAYOUT_VERSION, kind, pid, ctime, payload)
             if init is not None:
