@@ -142,9 +142,6 @@ class EpisodeRunner:
             except queue.Empty:
                 return out
 
-    def owns(self, key: int) -> bool:
-        return key >= KEY_BASE
-
     def turn_done(self, key: int, seqs: Sequences) -> None:
         p = int(seqs.prompt_lens[0])
         sl = seqs.seq(0)
@@ -259,17 +256,22 @@ class EpisodeRunner:
         try:
             turn, gen_s = await fut
         finally:
-            g.keys.discard(key)
+            with self._lock:
+                g.keys.discard(key)
         ep.gen_s += gen_s
         return turn
 
     async def _episode(self, g: _Group, i: int) -> _Episode:
-        env = self.env_cls(**self.env_args)
-        env.rng = np.random.default_rng(self._seeds.spawn(1)[0])
-        env._pool = self.pool
-        ep = _Episode(env)
+        ep = _Episode(None)
         lim = self.limits
         try:
+            try:
+                ep.env = env = self.env_cls(**self.env_args)
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                raise _EnvError(f"{self._where(g)}: constructing it with task.env_args raised {why}") from None
+            env.rng = np.random.default_rng(self._seeds.spawn(1)[0])
+            env._pool = self.pool
             row = self.rows(g.is_eval, g.row)
             history = await self._call(g, ep, "reset()", env.reset, row)
             try:
@@ -327,7 +329,7 @@ class EpisodeRunner:
                 raise BadEnvOutput(str(exc)) from None
             ep.ended, ep.reward = "error", 0.0
         finally:
-            close = getattr(env, "close", None)
+            close = getattr(ep.env, "close", None)
             if callable(close):
                 try:
                     await self._call(g, ep, "close()", close)

@@ -246,3 +246,12 @@ def test_tools_run_on_the_pool_threads_or_processes(processes):
     r.close()
     pids = set(g.rewards.astype(int).tolist())
     assert (os.getpid() in pids) != processes and len(pids) >= 1
+
+
+def test_bad_env_args_fail_naming_the_environment():
+    r = runner(no_such_arg=1)
+    r.start(3, prompt_id=9, row=12, n=2, is_eval=False, temperature=1.0)
+    with pytest.raises(BadEnvOutput, match=r"environment 'echo' for row 12 \(prompt 9\): constructing it "
+                                           r"with task.env_args raised TypeError"):
+        drive(r)
+    r.close()
