@@ -4,8 +4,9 @@ Reads RUN_DIR/config.yaml (S = rollout.max_head_offpolicyness, B = rollout.consu
 G = rollout.group_size) and RUN_DIR/metrics.jsonl (a run may still be going or have crashed: a torn
 last line is ignored, a corrupt line elsewhere is skipped and counted). Writes to DIR (default
 RUN_DIR/report/) one PNG per signal that has data (reward, eval, age, admissions, out_queue, parked,
-weight_sync, trainable, training, pipeline; resumes and worker restarts are vertical lines on each),
-`summary.md` and `summary.json` (the same numbers), then prints DIR and the summary. Exit codes: 0
+weight_sync, trainable, training, episodes (multi-turn: environment vs generation seconds per
+episode, turns, tool calls, limited and rejected episodes), pipeline; resumes and worker restarts
+are vertical lines on each), `summary.md` and `summary.json` (the same numbers), then prints DIR and the summary. Exit codes: 0
 written; 2 bad input (no such dir, no config.yaml, no metrics.jsonl or no step line in it, matplotlib
 missing), one line on stderr, nothing written.
 
@@ -353,6 +354,11 @@ def plots(run: dict, ms: list[dict], out: str) -> tuple[list[str], dict]:
     figure("training", "training internals",
            [panel("", line(st, *((k,) if isinstance(k, str) else k))) for k in TRAINING],
            why="no training statistics in the step lines")
+    figure("episodes", "multi-turn episodes: environment vs generation time per episode", [
+        panel("s per episode", line(st, "env_s_mean", "gen_s_mean")),
+        panel("turns", line(st, "turns_mean", "turns_max")),
+        panel("per step", line(st, "tool_calls", "episodes_limited", "rollouts_rejected"))],
+        why="no multi-turn episode fields (a single-turn task)")
     figure("pipeline", "pipeline over time (tick lines)",
            [panel("count", [(k, timed(run["ticks"], k), "-") for k in TICKS], time_axis=True)],
            why="no tick lines")

@@ -11,8 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("workload", [[], ["--backend", "multiturn", "--tool-latency", "0.02"]],
-                         ids=["sim", "multiturn"])
+@pytest.mark.parametrize("workload", [
+    [], pytest.param(["--backend", "multiturn", "--tool-latency", "0.02"], marks=pytest.mark.slow)],
+    ids=["sim", "multiturn"])
 def test_bench_pipeline_reports_sync_and_async(workload):
     if workload:
         pytest.importorskip("torch")

@@ -99,6 +99,17 @@ def test_torch_run_report(torch_run_dir, torch_report):
     assert s["last_eval"] == {k: last[k] for k in ("step", "reward_mean", "accuracy")}
 
 
+def test_multiturn_run_gets_the_episodes_plot(tmp_path):
+    pytest.importorskip("torch")
+    out = run(tmp_path / "run", "run.total_steps=12", "run.checkpoint_every=0", "eval.every_steps=0",
+              "run.progress=false", config="configs/multiturn.yaml", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert report(tmp_path / "run", tmp_path / "rep").returncode == 0
+    s = json.load(open(tmp_path / "rep" / "summary.json"))
+    assert "episodes" in s["plots"]
+    check_plots(tmp_path / "rep", STEP_PLOTS | {"episodes"})
+
+
 QUEUE, SYNC = "Dispatcher out-queue depth", "Weight-watcher poll to reload latency"
 
 
