@@ -9,13 +9,13 @@ the spawn start method.
 """
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
-
 if __name__ == "__main__":         # catch SIGINT/SIGTERM before anything else is imported
     from orchestrator.signals import StopSignals
     _EARLY = StopSignals().install()
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
 
 
 def _parse(argv):
