@@ -375,7 +375,7 @@ class VerifiersEnv(Environment):
                   and isinstance(c.get("arguments", {}), (dict, str)) for c in out[1]))
         if not ok:
             raise TypeError(f"tool_parser={self.parser_spec!r} returned {out!r}"[:200] + ", not "
-                            f"(content, [{{'name': str, 'arguments': dict or JSON text}}, ...])")
+                            "(content, [{'name': str, 'arguments': dict or JSON text}, ...])")
         return out[0] or "", [{"name": c["name"], "arguments": c.get("arguments", {})} for c in out[1]]
 
     def _response(self, turn: ModelTurn) -> ChatCompletion:
