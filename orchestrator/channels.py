@@ -89,8 +89,12 @@ def model_context(cfg) -> int:
                      f"(max_position_embeddings); set task.max_episode_tokens")
 
 
-def episode_tokens(cfg) -> int:
-    """Tokens one multi-turn episode may hold: task.max_episode_tokens, or the model's context."""
+def episode_tokens(cfg) -> Optional[int]:
+    """Tokens one multi-turn episode may hold: task.max_episode_tokens, or the model's context;
+    None for a single-turn task (no `task.env`)."""
+    from orchestrator.config import env_spec
+    if env_spec(cfg) is None:
+        return None
     return cfg.task.max_episode_tokens or model_context(cfg)
 
 
@@ -111,8 +115,8 @@ def ring_sizes(cfg, prompt_tokens: Optional[int] = None) -> RingSizes:
     N = max_completion_tokens(cfg)
     G, B = cfg.rollout.group_size, cfg.rollout.consumer_batch_size
     widest = max(G, cfg.eval.samples_per_prompt if cfg.eval.every_steps else 1)   # an eval group
-    from orchestrator.config import env_spec
-    T = P + N if env_spec(cfg) is None else max(P + N, episode_tokens(cfg))   # tokens per sample
+    budget = episode_tokens(cfg)
+    T = P + N if budget is None else max(P + N, budget)          # tokens per sample
     group = record_size(widest, widest * T, MAX_SCALARS)
     batch = record_size(B * G, B * G * T, MAX_SCALARS)
     generate = len(messages.encode(messages.Generate(

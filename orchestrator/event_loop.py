@@ -24,7 +24,7 @@ import numpy as np
 
 from orchestrator import checkpoint, messages
 from orchestrator.channels import episode_tokens, recv, send
-from orchestrator.config import Config, env_spec
+from orchestrator.config import Config
 from orchestrator.durable import sync_files, write_record
 from orchestrator.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed
@@ -77,7 +77,7 @@ class EventLoop:
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task
         self.cursor = cursor or PromptCursor(task)
-        self.episode_tokens = episode_tokens(cfg) if env_spec(cfg) else None   # multi-turn budget
+        self.episode_tokens = episode_tokens(cfg)         # multi-turn budget; None: single-turn
         self.stop_requested = False
         self.resumed = resumed
         # step accounting: steps are 1-based; batch k is trained at version k-1

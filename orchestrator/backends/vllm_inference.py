@@ -168,13 +168,12 @@ def context_length(cfg, hf_config, prompt_tokens: int) -> int:
     multi-turn task: its episode budget), at most the model's max_position_embeddings (its whole
     context when the prompt length is unknown)."""
     from orchestrator.channels import episode_tokens
-    from orchestrator.config import env_spec
 
     model_max = int(hf_config.max_position_embeddings)
     if cfg.inference.vllm.max_model_len:
         return int(cfg.inference.vllm.max_model_len)
-    if env_spec(cfg) is not None:
-        return min(model_max, episode_tokens(cfg))
+    if (budget := episode_tokens(cfg)) is not None:
+        return min(model_max, budget)
     if prompt_tokens <= 0:
         return model_max
     return min(model_max, int(prompt_tokens) + int(cfg.rollout.max_new_tokens))

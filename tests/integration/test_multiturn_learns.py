@@ -4,30 +4,17 @@ episode of the last steps calls it and takes two turns) and to answer with the v
 returned (reward well above what a call with a chance answer earns, 0.2 + 0.8 * 0.4 = 0.52; on
 held-out keys too); trajectories span policy versions and the head age stays within S on average.
 Observed last-10 rewards over seeds: 0.64-0.99 (a run that copies only partly stays near 0.64)."""
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-import yaml
 
-from tests.integration.lifecycle import ROOT
+from tests.integration.lifecycle import run_embedded
 
 pytest.importorskip("torch")
 CHANCE = 0.52
 
 
 def test_multiturn_job_learns(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config", "configs/multiturn.yaml",
-                          f"run.dir={tmp_path}", "run.progress=false"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    cfg = yaml.safe_load(open(ROOT / "configs" / "multiturn.yaml"))
-    recs = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
-    steps = [r for r in recs if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == list(range(1, cfg["run"]["total_steps"] + 1))
+    cfg, recs, steps = run_embedded(tmp_path, "configs/multiturn.yaml")
     rewards = np.array([r["reward_mean"] for r in steps])
     first, last = rewards[:10].mean(), rewards[-10:].mean()
     assert last >= CHANCE + 0.08 and last - first >= 0.5, (first, last)
