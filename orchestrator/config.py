@@ -183,9 +183,32 @@ class SimTrainerConfig(_Section):
 
 class ActorConfig(_Section):
     backend: Literal["sim", "torch"] = Field("sim", description="trainer backend")
-    device: str = Field("cpu", description="trainer device: 'cpu' or a CUDA index disjoint from inference")
+    device: str = Field("cpu", description="trainer device: 'cpu' or a CUDA index disjoint from "
+                        "inference (one rank; several: actor.devices)")
+    devices: list[str] = Field(default_factory=list, description="one trainer rank per CUDA device "
+                               "(e.g. ['4','5','6','7']), disjoint from inference.devices; empty: "
+                               "actor.device, or actor.num_ranks ranks on CPU")
+    num_ranks: int = Field(1, ge=1, le=64, description="trainer ranks on CPU (gloo; <= 64); with "
+                           "actor.devices it is len(actor.devices) (1 or that number may be given)")
+    sharding: Literal["auto", "none", "fsdp", "ddp"] = Field(
+        "auto", description="how ranks share the model: fsdp (FSDP2 fully_shard: parameters, "
+        "gradients and optimizer state sharded), ddp (replicated), none (one rank only); auto: "
+        "none for one rank, fsdp for more")
+    micro_batch_tokens: Optional[int] = Field(
+        None, ge=1, le=MAX_TOKENS, description="padded tokens (sequences x longest) per forward "
+        "pass, with gradient accumulation; the loss is the same per-token mean over the whole "
+        "batch whatever the split (None: each rank's share in one pass)")
+    param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        None, description="fsdp: dtype parameters are gathered and computed in (None: model.dtype)")
+    reduce_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        "float32", description="fsdp: dtype gradients are reduced in (None: the compute dtype)")
+    activation_checkpointing: bool = Field(False, description="recompute each decoder layer's "
+                                           "activations in backward (less memory, ~1/3 more compute)")
+    collective_timeout_s: float = Field(
+        300.0, gt=0, le=MAX_TIMEOUT_S, description="ranks: a collective that waits longer on a "
+        "peer fails the rank (the heartbeat deadline usually fires first) (<= 1 day)")
     threads: int = Field(1, ge=1, le=MAX_THREADS,
-                         description="torch intra-op threads for the trainer on CPU (<= 1024 cores)")
+                         description="torch intra-op threads per trainer rank on CPU (<= 1024 cores)")
     lr: float = Field(1e-3, gt=0, description="learning rate (Adam)")
     eps_clip: float = Field(0.2, gt=0, description="PPO clip range")
     use_decoupled_loss: bool = Field(True, description="decoupled PPO objective (proximal policy = recomputed logprobs)")
@@ -220,11 +243,53 @@ class ActorConfig(_Section):
             raise ValueError(f"{v!r} is neither 'cpu' nor a CUDA device index (such as '0')")
         return v
 
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_as_text(cls, v: Any) -> Any:
+        return [_device_text(d) for d in v] if isinstance(v, list) else v
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_are_indices(cls, v: list[str]) -> list[str]:
+        for d in v:
+            _check_device(d)
+        if len(set(v)) != len(v):
+            twice = next(d for d in v if v.count(d) > 1)
+            raise ValueError(f"device {twice!r} is listed twice (one trainer rank per device)")
+        return v
+
     @model_validator(mode="after")
     def _decoupled_needs_recompute(self) -> "ActorConfig":
         if self.use_decoupled_loss and not self.recompute_logprob:
             raise ValueError("use_decoupled_loss requires recompute_logprob: true")
         return self
+
+    @property
+    def rank_devices(self) -> list[str]:
+        """The CUDA device of each trainer rank; empty on CPU."""
+        return trainer_layout(self.model_dump())[0]
+
+    @property
+    def world_size(self) -> int:
+        return trainer_layout(self.model_dump())[1]
+
+    @property
+    def strategy(self) -> str:
+        """'none', 'fsdp' or 'ddp': `sharding` with auto resolved."""
+        return trainer_layout(self.model_dump())[2]
+
+
+def trainer_layout(actor: dict) -> tuple[list[str], int, str]:
+    """(rank devices, ranks, sharding with auto resolved) of an `actor` section as plain data (a
+    resolved config, or one saved in a checkpoint before these fields existed)."""
+    devices = list(actor.get("devices") or [])
+    device = actor.get("device", "cpu")
+    devices = devices or ([device] if device != "cpu" else [])
+    world = len(devices) or int(actor.get("num_ranks", 1))
+    sharding = actor.get("sharding", "auto")
+    if sharding == "auto":
+        sharding = "none" if world == 1 else "fsdp"
+    return devices, world, sharding
 
 
 class ModelConfig(_Section):
@@ -411,10 +476,27 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":
-        inf = self.inference
+        inf, actor = self.inference, self.actor
         devices = set(inf.devices)
-        if self.actor.device != "cpu" and self.actor.device in devices:
-            raise ValueError(f"actor.device {self.actor.device} overlaps inference.devices")
+        if actor.devices and actor.device != "cpu":
+            raise ValueError(f"actor.device={actor.device!r} and actor.devices={actor.devices}: set "
+                             f"one (actor.devices for several trainer ranks)")
+        if actor.devices and actor.num_ranks not in (1, len(actor.devices)):
+            raise ValueError(f"actor.num_ranks={actor.num_ranks} with {len(actor.devices)} "
+                             f"actor.devices: one rank per device (leave actor.num_ranks at 1)")
+        if actor.device != "cpu" and actor.num_ranks > 1:
+            raise ValueError(f"actor.num_ranks={actor.num_ranks} with actor.device={actor.device!r}: "
+                             f"ranks on GPUs are actor.devices, one per device")
+        both = sorted(devices & set(actor.rank_devices), key=int)
+        if both:
+            field = "actor.devices" if actor.devices else "actor.device"
+            raise ValueError(f"{field} {', '.join(both)} overlaps inference.devices")
+        if actor.world_size > 1 and actor.backend != "torch":
+            raise ValueError(f"{actor.world_size} trainer ranks need actor.backend torch (the sim "
+                             f"trainer is one process)")
+        if actor.world_size > 1 and actor.sharding == "none":
+            raise ValueError(f"actor.sharding=none with {actor.world_size} trainer ranks: use fsdp, "
+                             f"ddp or auto")
         if inf.backend == "sim" and self.actor.backend != "sim":
             raise ValueError("inference.backend sim needs actor.backend sim (no model to train)")
         if self.actor.backend == "sim" and inf.backend != "sim":
@@ -445,7 +527,7 @@ class Config(_Section):
     @property
     def gpu_weights(self) -> bool:
         """Weights travel over CUDA IPC: the trainer is on a GPU and inference is too."""
-        return self.actor.device != "cpu" and bool(self.inference.devices)
+        return bool(self.actor.rank_devices) and bool(self.inference.devices)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

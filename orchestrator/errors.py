@@ -20,3 +20,18 @@ class Interrupted(RunFailed):
     def __init__(self, signum: int, where: str):
         super().__init__(f"stopped by signal {signum} during {where}", 128 + signum)
         self.signum = signum
+
+
+class WorkerFatal(RunFailed):
+    """A worker reported a Fatal: `role`, `index` and its one-line `error` kept for the supervisor
+    (which names the rank that failed first when trainer ranks fail together)."""
+
+    def __init__(self, message: str, role: str, index: int, error: str, exit_code: int = 1):
+        super().__init__(message, exit_code)
+        self.role, self.index, self.error = role, index, error
+
+
+def worker_name(role: str, index: int, trainer_ranks: int = 1) -> str:
+    """How messages name a worker: 'inference worker 1', 'trainer worker 0', or 'trainer rank 1'
+    when the trainer has several ranks."""
+    return f"trainer rank {index}" if role == "trainer" and trainer_ranks > 1 else f"{role} worker {index}"

@@ -27,7 +27,7 @@ from orchestrator.channels import episode_tokens, recv, send
 from orchestrator.config import Config
 from orchestrator.durable import sync_files, write_record
 from orchestrator.dispatcher import Dispatcher
-from orchestrator.errors import EmptyBatches, RunFailed
+from orchestrator.errors import EmptyBatches, RunFailed, WorkerFatal, worker_name
 from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
 from orchestrator.metrics import MetricsLog
@@ -129,7 +129,8 @@ class EventLoop:
     def _on_control(self, msg) -> None:
         if isinstance(msg, messages.Fatal):
             code = 2 if msg.error.startswith("BadEnvOutput") else 1
-            raise RunFailed(f"{msg.role} worker {msg.index} failed: {msg.error}", code)
+            raise WorkerFatal(f"{worker_name(msg.role, msg.index, self.cfg.actor.world_size)} failed: {msg.error}",
+                              msg.role, msg.index, msg.error, code)
         if isinstance(msg, messages.WeightsLoaded):
             if self.watcher.on_ack(msg.index, msg.version) is not None:
                 self._on_synced()
@@ -177,7 +178,7 @@ class EventLoop:
 
     def drain_inputs(self) -> int:
         n = 0
-        for ring in self.res.inference_ctl + [self.res.trainer_ctl]:
+        for ring in self.res.inference_ctl + [self.res.trainer_ctl] + self.res.rank_ctl:
             while (msg := recv(ring, 0.0)) is not None:
                 self._on_control(msg)
                 n += 1

@@ -132,11 +132,12 @@ def build_model(model_cfg, vocab_size: int, seed: int):
     return model.to(dtype).eval()
 
 
-def export_hf(model, tokenizer, out: str) -> None:
+def export_hf(model, tokenizer, out: str, state_dict: Optional[dict] = None) -> None:
     """An HF model directory: config.json, generation_config.json, safetensors weights (tied
-    embeddings stored once, as transformers does) and the tokenizer files (chat template included)."""
+    embeddings stored once, as transformers does) and the tokenizer files (chat template included).
+    `state_dict`: the full weights to write instead of the model's own (a sharded model's)."""
     with quiet_hf():
-        model.save_pretrained(out, safe_serialization=True)
+        model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(out)
 
 
@@ -202,15 +203,31 @@ def _views(layout: FlatLayout, buf: memoryview):
             yield s, torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape)
 
 
+def flat_views(buf, nbytes: int):
+    """`view(offset, dtype, numel)`: a writable tensor over `numel` elements of `buf` at `offset`
+    (the flat layout's buffer of `nbytes` bytes, viewed in place)."""
+    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
+    if mv.readonly:
+        raise ValueError("flat weights need a writable buffer")
+    if mv.nbytes != nbytes:
+        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {nbytes}")
+
+    def view(offset: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(mv, dtype=dtype, count=numel, offset=offset)
+    return view
+
+
 def write_flat(model, out: memoryview, layout: Optional[FlatLayout] = None) -> None:
     """Copy every parameter into `out` (writable, len == flat_layout(model).nbytes)."""
     layout = layout or flat_layout(model)
-    if memoryview(out).readonly:
-        raise ValueError("write_flat needs a writable buffer")
+    view = flat_views(out, layout.nbytes)
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for s, view in _views(layout, out):
-            view.copy_(params[s.name].detach())
+        for s in layout.slots:
+            if s.numel:
+                view(s.offset, s.dtype, s.numel).copy_(params[s.name].detach().reshape(-1))
 
 
 def load_flat(model, flat: memoryview, layout: Optional[FlatLayout] = None) -> None:
@@ -230,13 +247,20 @@ def _tensor_views(layout: FlatLayout, buf: torch.Tensor):
         yield s, buf[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
 
 
-def write_flat_tensor(model, buf: torch.Tensor, layout: Optional[FlatLayout] = None) -> None:
-    """Like write_flat, into a uint8 tensor on any device (the CUDA IPC path)."""
+def write_flat_tensor(model, buf: Optional[torch.Tensor], layout: Optional[FlatLayout] = None) -> None:
+    """Like write_flat, into a uint8 tensor on any device (the CUDA IPC path). Sharded parameters
+    (DTensors) are gathered first, a collective every rank joins: ranks other than the writer
+    pass `buf=None`."""
     layout = layout or flat_layout(model)
     params = dict(model.named_parameters())
+    views = dict(_tensor_views(layout, buf)) if buf is not None else {}
     with torch.no_grad():
-        for s, view in _tensor_views(layout, buf):
-            view.copy_(params[s.name].detach())
+        for s in layout.slots:
+            p = params[s.name].detach()
+            if hasattr(p, "full_tensor"):
+                p = p.full_tensor()
+            if s in views:
+                views[s].copy_(p)
 
 
 def load_flat_tensor(model, buf: torch.Tensor, layout: Optional[FlatLayout] = None) -> None:

@@ -4,7 +4,7 @@ Contract: `check_machine(cfg)` returns None or raises `ConfigError` (one line na
 launcher exits 2). It creates nothing, starts nothing and only reads: /proc/driver/nvidia/gpus (or
 `torch.cuda.device_count()` where that is missing, and only when a device is configured), the CPUs
 this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
-- devices: every CUDA index in inference.devices and actor.device exists on this machine (indices
+- devices: every CUDA index in inference.devices and actor.device(s) exists on this machine (indices
   are physical: workers set CUDA_VISIBLE_DEVICES themselves);
 - CPUs: CPU threads of the run (inference.num_workers x inference.threads_per_worker when inference
   runs on CPU, plus actor.threads when the trainer does) at most CPU_OVERSUBSCRIPTION per CPU;
@@ -126,8 +126,8 @@ def gpu_count() -> int:
 
 def _check_devices(cfg: Config) -> None:
     wanted = [("inference.devices", d) for d in cfg.inference.devices]
-    if cfg.actor.device != "cpu":
-        wanted.append(("actor.device", cfg.actor.device))
+    field = "actor.devices" if cfg.actor.devices else "actor.device"
+    wanted += [(field, d) for d in cfg.actor.rank_devices]
     if not wanted:
         return
     n = gpu_count()
@@ -154,9 +154,11 @@ def _check_cpus(cfg: Config) -> None:
         threads += inf.num_workers * inf.threads_per_worker
         parts.append(f"inference.num_workers={inf.num_workers} x "
                      f"inference.threads_per_worker={inf.threads_per_worker}")
-    if cfg.actor.device == "cpu":
-        threads += cfg.actor.threads
-        parts.append(f"actor.threads={cfg.actor.threads}")
+    if not cfg.actor.rank_devices:
+        ranks = cfg.actor.world_size
+        threads += ranks * cfg.actor.threads
+        parts.append(f"actor.threads={cfg.actor.threads}" if ranks == 1 else
+                     f"actor.num_ranks={ranks} x actor.threads={cfg.actor.threads}")
     cpus = cpu_count()
     if threads > CPU_OVERSUBSCRIPTION * cpus:
         raise ConfigError(f"{' + '.join(parts)} = {threads} CPU threads on {cpus} CPUs (at most "

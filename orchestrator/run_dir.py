@@ -32,7 +32,7 @@ from typing import Optional
 import yaml
 
 from orchestrator import checkpoint
-from orchestrator.config import Config
+from orchestrator.config import Config, trainer_layout
 from orchestrator.durable import atomic_write
 
 DIRS = ("checkpoints", "batches", "logs")
@@ -132,6 +132,12 @@ def check_compatible(cfg: Config, saved: Optional[dict], where: str) -> None:
     if not saved:
         return
     now = cfg.model_dump(mode="json")
+    then = trainer_layout(saved.get("actor") or {})[1:]
+    if then != trainer_layout(now["actor"])[1:]:
+        raise RunDirError(f"cannot resume {where}: its trainer state was saved by {then[0]} rank(s) "
+                          f"sharded by {then[1]}, the config now asks for {cfg.actor.world_size} "
+                          f"sharded by {cfg.actor.strategy} (restore actor.num_ranks / actor.devices "
+                          f"/ actor.sharding, or start a new run.dir / run.resume=never)")
     for path in RESUME_FIXED:
         old, new = _dotted(saved, path), _dotted(now, path)
         if old is not None and old != new:

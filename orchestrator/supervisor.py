@@ -41,7 +41,7 @@ from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, re
                                    weight_nbytes)
 from orchestrator.config import Config
 from orchestrator.durable import atomic_write
-from orchestrator.errors import Interrupted, RunFailed
+from orchestrator.errors import Interrupted, RunFailed, WorkerFatal, worker_name
 from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
@@ -51,6 +51,21 @@ from orchestrator.worker_base import WorkerSpec
 
 log = logging.getLogger("orchestrator.supervisor")
 SINKS_CLOSE_S = 10.0        # at most this long (and never past the shutdown deadline) to flush sinks
+RANKS_SETTLE_S = 3.0        # trainer ranks fail together: how long to wait for all to report
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (the trainer ranks' rendezvous)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def collective_error(error: str) -> bool:
+    """A rank's Fatal that only says a peer went away (a collective failed or timed out)."""
+    return any(k in error for k in ("DistBackendError", "DistNetworkError", "DistError", "gloo",
+                                    "NCCL", "Connection closed by peer", "Connection reset by peer"))
 
 
 @dataclass
@@ -63,7 +78,8 @@ class Resources:
     inference_out: list = field(default_factory=list)
     inference_ctl: list = field(default_factory=list)
     trainer_req: object = None
-    trainer_ctl: object = None
+    trainer_ctl: object = None                    # trainer rank 0 (the one that reports)
+    rank_ctl: list = field(default_factory=list)  # trainer ranks 1.. (Ready, Fatal)
     batches: object = None
     heartbeats: dict = field(default_factory=dict)   # (role, index) -> SharedCounter
     owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
@@ -93,7 +109,8 @@ def _free(obj) -> None:
             log.warning("freeing %r: %s", obj, exc)
 
 
-def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = RingSizes()) -> Resources:
+def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = RingSizes(),
+                     trainer_ranks: int = 1) -> Resources:
     from shm.counter import SharedCounter
     from shm.ring import Ring
     from shm.weights import WeightBuffer
@@ -110,6 +127,8 @@ def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = Rin
             res.inference_ctl.append(ctl)
         res.trainer_req = res.own(Ring.create(names.req("trainer", 0), REQ_RING_BYTES))
         res.trainer_ctl = res.own(Ring.create(names.ctl("trainer", 0), sizes.ctl))
+        res.rank_ctl = [res.own(Ring.create(names.ctl("trainer", r), sizes.ctl))
+                        for r in range(1, trainer_ranks)]
         res.batches = res.own(Ring.create(names.batches, sizes.batch))
     except BaseException:
         free_resources(res)
@@ -146,21 +165,25 @@ class Supervisor:
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
         self.scratch = ""             # per-run temporary directory (orchestrator.scratch)
         self.prompt_tokens = 0        # longest prompt of the task (workers size contexts by it)
+        self.rendezvous_port = 0      # trainer ranks' process group (free_port, once per launch)
 
     # ------------------------------------------------------------------ processes
     def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
         cfg = self.cfg
         data = cfg.model_dump(mode="json")
         if role == "trainer":
-            devices = (cfg.actor.device,) if cfg.actor.device != "cpu" else ()
-            return WorkerSpec("trainer", 0, res.names, data, os.getpid(), self.run_dir,
-                              devices=devices, threads=cfg.actor.threads,
-                              env={scratch.ENV: self.scratch})
+            ranks, env = cfg.actor.rank_devices, {scratch.ENV: self.scratch}
+            if cfg.actor.strategy != "none":      # torch.distributed reads these (no torchrun)
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.rendezvous_port),
+                           RANK=str(i), LOCAL_RANK=str(i), WORLD_SIZE=str(cfg.actor.world_size))
+            return WorkerSpec("trainer", i, res.names, data, os.getpid(), self.run_dir,
+                              devices=(ranks[i],) if ranks else (), threads=cfg.actor.threads,
+                              env=env)
         devs = cfg.inference.devices
         per = max(1, len(devs) // cfg.inference.num_workers) if devs else 0
         own = tuple(devs[i * per:(i + 1) * per])
-        if cfg.gpu_weights:          # CUDA IPC needs the trainer's GPU visible (last ordinal)
-            own += (cfg.actor.device,)
+        if cfg.gpu_weights:          # CUDA IPC needs trainer rank 0's GPU visible (last ordinal)
+            own += (cfg.actor.rank_devices[0],)
         return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
                           start_step=self.start_step, prompt_tokens=self.prompt_tokens,
                           devices=own, threads=cfg.inference.threads_per_worker,
@@ -186,6 +209,7 @@ class Supervisor:
 
     def _wait_ready(self, res: Resources) -> None:
         rings = {("trainer", 0): res.trainer_ctl}
+        rings.update({("trainer", r + 1): ring for r, ring in enumerate(res.rank_ctl)})
         rings.update({("inference", i): r for i, r in enumerate(res.inference_ctl)})
         pending = set(rings)
         deadline = time.monotonic() + self.cfg.run.startup_timeout_s
@@ -198,7 +222,7 @@ class Supervisor:
                 msg = recv(rings[key], 0.0)
                 if isinstance(msg, messages.Fatal):
                     code = 2 if msg.error.startswith(("ValueError", "ConfigError")) else 1
-                    raise RunFailed(f"{key[0]} worker {key[1]} failed at startup: {msg.error}", code)
+                    raise RunFailed(f"{self._name(*key)} failed at startup: {msg.error}", code)
                 if isinstance(msg, messages.Ready):
                     pending.discard(key)
             self._check_procs(startup=True)
@@ -211,6 +235,8 @@ class Supervisor:
         dead = [(key, p) for key, p in list(self.procs.items()) if p.exitcode is not None]
         if dead and not startup:
             self.loop.drain_inputs()      # a worker that reported a Fatal fails the run with it
+        if not startup and self.cfg.actor.world_size > 1 and any(r == "trainer" for (r, _), _ in dead):
+            raise self._ranks_failed()
         for (role, i), p in dead:
             where = f"see {self.run_dir}/logs/{role}{i}.log"
             hung = self._hung.pop((role, i), None)
@@ -222,8 +248,8 @@ class Supervisor:
                     f"run.resume=auto); {where}")
             if role == "trainer" or startup:
                 extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"
-                raise RunFailed(f"{role} worker {i} (pid {p.pid}) died with exit code {p.exitcode}"
-                                f"{extra}; {where}")
+                raise RunFailed(f"{self._name(role, i)} (pid {p.pid}) died with exit code "
+                                f"{p.exitcode}{extra}; {where}")
             if self.cfg.inference.on_worker_death == "fail" or self.restarts >= self.cfg.inference.max_restarts:
                 raise RunFailed(f"inference worker {i} (pid {p.pid}) died with exit code {p.exitcode} "
                                 f"(restarts used {self.restarts}/{self.cfg.inference.max_restarts}, "
@@ -237,6 +263,42 @@ class Supervisor:
             self.loop.worker_lost(i)
             self._respawn.put(self._fresh_rings(i))
 
+    def _name(self, role: str, i: int) -> str:
+        return worker_name(role, i, self.cfg.actor.world_size)
+
+    def _ranks_failed(self, fatal: Optional[WorkerFatal] = None) -> RunFailed:
+        """Trainer ranks fail together (once one dies, the others' collectives fail): wait up to
+        RANKS_SETTLE_S for every rank to report or exit, then name the cause: a rank killed for
+        silence, else one that died without a word (killed), else one whose own error is not a
+        failed collective, else the first to report."""
+        res, world = self.loop.res, self.cfg.actor.world_size
+        rings = [res.trainer_ctl] + res.rank_ctl
+        errors = {fatal.index: fatal.error} if fatal is not None else {}
+        deadline = time.monotonic() + RANKS_SETTLE_S
+        while True:
+            for r, ring in enumerate(rings):
+                while (msg := recv(ring, 0.0)) is not None:
+                    if isinstance(msg, messages.Fatal):
+                        errors.setdefault(r, msg.error)
+            procs = {r: self.procs.get(("trainer", r)) for r in range(world)}
+            if time.monotonic() > deadline or all(r in errors or p is None or p.exitcode is not None
+                                                  for r, p in procs.items()):
+                break
+            time.sleep(0.05)
+        tail = f"; the last checkpoint stays valid (resume with run.resume=auto); see " \
+               f"{self.run_dir}/logs/trainer<rank>.log"
+        for r, p in procs.items():
+            if ("trainer", r) in self._hung:
+                return RunFailed(f"trainer rank {r} (pid {p.pid}) made no progress for "
+                                 f"{self._hung[('trainer', r)]:.1f}s (actor.heartbeat_timeout_s="
+                                 f"{self.cfg.actor.heartbeat_timeout_s}): hung or stopped, killed{tail}")
+        for r, p in procs.items():
+            if p is not None and p.exitcode is not None and r not in errors:
+                return RunFailed(f"trainer rank {r} (pid {p.pid}) died with exit code {p.exitcode}{tail}")
+        own = [r for r in sorted(errors) if not collective_error(errors[r])]
+        r = own[0] if own else (fatal.index if fatal is not None else min(errors, default=0))
+        return RunFailed(f"trainer rank {r} failed: {errors.get(r, 'exited')}{tail}")
+
     def _heartbeat(self, res: Resources, role: str, i: int, gen: int = 0) -> None:
         from shm.counter import SharedCounter
         old = res.heartbeats.get((role, i))
@@ -249,11 +311,19 @@ class Supervisor:
         now_ms = time.monotonic() * 1000
         limits = {"trainer": self.cfg.actor.heartbeat_timeout_s,
                   "inference": self.cfg.inference.heartbeat_timeout_s}
+        silent_of = {}
         for key, p in list(self.procs.items()):
             hb = self.loop.res.heartbeats.get(key)
             beat = hb.get() if hb is not None else 0
-            silent = (now_ms - beat) / 1000
-            if beat and p.exitcode is None and silent > limits[key[0]]:
+            if beat and p.exitcode is None:
+                silent_of[key] = (now_ms - beat) / 1000
+        ranks = [k for k in silent_of if k[0] == "trainer"]
+        if len(ranks) > 1:       # ranks wait on each other: only the one silent longest is the cause
+            worst = max(ranks, key=lambda k: silent_of[k])
+            silent_of = {k: v for k, v in silent_of.items() if k[0] != "trainer" or k == worst}
+        for key, silent in silent_of.items():
+            p = self.procs[key]
+            if silent > limits[key[0]]:
                 log.error("%s worker %d (pid %s) made no progress for %.1fs: killing it",
                           key[0], key[1], p.pid, silent)
                 self._hung[key] = silent
@@ -274,7 +344,7 @@ class Supervisor:
         return self._spec(res, "inference", i, gen)
 
     def _stop_procs(self, res: Resources, deadline: float) -> None:
-        for ring in res.inference_req + [res.trainer_req]:
+        for ring in res.inference_req + [res.trainer_req]:    # rank 0 tells the other ranks
             try:
                 send(ring, messages.Shutdown(reason="run over"), timeout=0.0)
             except Exception:
@@ -344,12 +414,16 @@ class Supervisor:
                                 f"{cfg.model.path!r}: {why}", 2) from None
             self._check_stop("startup")
             self.prompt_tokens = int(task.max_prompt_tokens)
-            res = create_resources(names, nbytes, ring_sizes(cfg, task.max_prompt_tokens))
-            self._heartbeat(res, "trainer", 0)
+            res = create_resources(names, nbytes, ring_sizes(cfg, task.max_prompt_tokens),
+                                   cfg.actor.world_size)
+            for r in range(cfg.actor.world_size):
+                self._heartbeat(res, "trainer", r)
             for i in range(cfg.inference.num_workers):
                 self._heartbeat(res, "inference", i)
             self._check_stop("startup")
-            self._start(self._spec(res, "trainer", 0))
+            self.rendezvous_port = free_port()
+            for r in range(cfg.actor.world_size):
+                self._start(self._spec(res, "trainer", r))
             for i in range(cfg.inference.num_workers):
                 self._start(self._spec(res, "inference", i))
             self._wait_ready(res)
@@ -437,6 +511,9 @@ class Supervisor:
                     if loop.stop_requested and loop.drained():
                         return
                 box["ok"] = True
+            except WorkerFatal as exc:
+                many = exc.role == "trainer" and self.cfg.actor.world_size > 1
+                box["error"] = self._ranks_failed(exc) if many else exc
             except BaseException as exc:      # stored; re-raised on the main thread
                 box["error"] = exc
 

@@ -1,10 +1,16 @@
-"""Trainer worker process: one batch in -> one optimizer step -> weights published -> StepDone.
+"""Trainer worker process (one per rank): one batch in -> one optimizer step -> weights published.
 
-Main loop: poll the control ring (SaveCheckpoint / LoadCheckpoint / Shutdown) -> take one batch
-from the batch ring -> train -> publish the new weights into the shm WeightBuffer with version
-`batch.version + 1` (on GPU: a CUDA IPC handle of a GPU buffer kept alive until ReleaseWeights)
--> report StepDone -> check the parent. The supervisor's ship hold guarantees
-at most one batch is outstanding, so the version a batch is trained at is exactly `batch.version`.
+Rank 0 leads: it polls its control ring (SaveCheckpoint / LoadCheckpoint / ReleaseWeights /
+Shutdown) and the batch ring, and turns each into one command. With several ranks
+(`actor.devices` / `actor.num_ranks`) it broadcasts the command first (`RankGroup.command`) and every
+rank runs it together: a batch trains on every rank's share, then every rank writes its shards of
+the new weights into the slot being published (rank 0 switches the version after a barrier); a save
+or load is a collective checkpoint. Rank 0 alone reports (StepDone, CheckpointSaved). While no
+batch comes, rank 0 broadcasts a tick every `BATCH_WAIT_S` so every rank's heartbeat moves: a rank
+that is stopped or hung goes silent and the supervisor's progress deadline fails the run.
+Weights are published with version `batch.version + 1` (on GPU: a CUDA IPC handle of a GPU buffer
+on rank 0, kept alive until ReleaseWeights). The ship hold guarantees at most one batch is
+outstanding, so the version a batch is trained at is exactly `batch.version`.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from orchestrator.config import Config
 from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
 
 BATCH_WAIT_S = 0.05
+TICK, BATCH, CONTROL, SHUTDOWN = 0, 1, 2, 3
 
 
 def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
@@ -27,60 +34,95 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
 
     cfg = Config.model_validate(spec.config)
     backend = build_trainer(cfg)
+    group = getattr(backend, "group", None)
+    leader = group is None or group.leader
     nbytes = backend.weight_nbytes()
-    control = Ring.attach(spec.names.req("trainer", 0))
-    batches = Ring.attach(spec.names.batches)
+    control = Ring.attach(spec.names.req("trainer", 0)) if leader else None
+    batches = Ring.attach(spec.names.batches) if leader else None
     wbuf = WeightBuffer.attach(spec.names.weights)
 
     ipc = None
-    if cfg.gpu_weights:
+    if cfg.gpu_weights and leader:
         from shm.cuda_ipc import CudaIpcPublisher
         ipc = CudaIpcPublisher(backend.device)
 
     def publish(version: int) -> float:
-        if ipc is not None:      # weights stay on the GPU; the shm buffer carries the IPC handle
-            wbuf.publish(ipc.publish(version, nbytes, backend.write_weights_tensor), version)
+        """Every rank: the weights of `version` into the shared buffer (or rank 0's GPU buffer)."""
+        if cfg.gpu_weights:      # weights stay on the GPU; the shm buffer carries the IPC handle
+            if ipc is None:
+                backend.write_weights_tensor(None)        # a rank's part of the gather
+            else:
+                wbuf.publish(ipc.publish(version, nbytes, backend.write_weights_tensor), version)
+        elif group is not None and not leader:   # between rank 0 opening and closing the slot
+            view = wbuf.next_slot_view(nbytes)
+            group.barrier()
+            backend.write_weights(view)
+            group.barrier()
+            view.release()
         elif nbytes:
-            wbuf.publish_from(backend.write_weights, nbytes, version)
+            def fill(view):
+                if group is not None:
+                    group.barrier()       # the slot is marked as being written: ranks may write
+                backend.write_weights(view)
+                if group is not None:
+                    group.barrier()       # every rank's shards are in: rank 0 switches the version
+            wbuf.publish_from(fill, nbytes, version)
         return time.time()
 
-    ctx.send(messages.Ready(role="trainer", index=0, pid=os.getpid(), weight_nbytes=nbytes))
+    def next_command() -> tuple[int, bytes]:
+        """Rank 0: the next thing to do, from the control ring first, then the batch ring."""
+        while (msg := recv(control, timeout=0.0)) is not None:
+            ctx.beat()
+            if isinstance(msg, messages.ReleaseWeights):
+                if ipc is not None:
+                    ipc.release_below(msg.version)
+                continue
+            return (SHUTDOWN if isinstance(msg, messages.Shutdown) else CONTROL), messages.encode(msg)
+        try:
+            return BATCH, batches.get(timeout=BATCH_WAIT_S)
+        except TimeoutError:
+            return TICK, b""
+
+    ctx.send(messages.Ready(role="trainer", index=spec.index, pid=os.getpid(), weight_nbytes=nbytes))
     try:
         while True:
-            msg = recv(control, timeout=0.0)
-            while msg is not None:
-                ctx.beat()
+            if leader:
+                kind, payload = next_command()
+                if group is not None:
+                    group.command(kind, payload)
+            else:
+                kind, payload = group.receive()
+            ctx.beat()
+            if kind == SHUTDOWN:
+                return
+            if kind == CONTROL:
+                msg = messages.decode(payload)
                 if isinstance(msg, messages.SaveCheckpoint):
                     backend.save(msg.directory)
-                    ctx.send(messages.CheckpointSaved(step=msg.step, directory=msg.directory))
+                    if leader:
+                        ctx.send(messages.CheckpointSaved(step=msg.step, directory=msg.directory))
                 elif isinstance(msg, messages.LoadCheckpoint):
                     backend.load(msg.directory)
                     publish(msg.version)
-                    ctx.send(messages.CheckpointSaved(step=-1, directory=msg.directory))
-                elif isinstance(msg, messages.ReleaseWeights):
-                    if ipc is not None:
-                        ipc.release_below(msg.version)
-                elif isinstance(msg, messages.Shutdown):
-                    return
-                msg = recv(control, timeout=0.0)
-            try:
-                raw = batches.get(timeout=BATCH_WAIT_S)
-            except TimeoutError:
-                ctx.check_parent()
-                continue
-            batch = decode(raw)
-            t0 = time.monotonic()
-            stats = backend.train_step(batch)
-            train_s = time.monotonic() - t0
-            version = batch.version + 1
-            when = publish(version)
-            ctx.send(messages.StepDone(step=batch.ident, version=version, publish_time=when,
-                                       train_s=train_s, stats={k: float(v) for k, v in stats.items()}))
+                    if leader:
+                        ctx.send(messages.CheckpointSaved(step=-1, directory=msg.directory))
+            elif kind == BATCH:
+                batch = decode(payload)
+                t0 = time.monotonic()
+                stats = backend.train_step(batch)
+                train_s = time.monotonic() - t0
+                version = batch.version + 1
+                when = publish(version)
+                if leader:
+                    ctx.send(messages.StepDone(step=batch.ident, version=version, publish_time=when,
+                                               train_s=train_s,
+                                               stats={k: float(v) for k, v in stats.items()}))
             ctx.check_parent()
     finally:
         backend.close()
         for r in (control, batches):
-            r.close()
+            if r is not None:
+                r.close()
         wbuf.close()
 
 

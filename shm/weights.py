@@ -3,7 +3,8 @@
 Contract: `WeightBuffer.create(name, nbytes)` (owner), `.attach(name, timeout=10)`. One writer:
 `publish(data, version)` copies bytes-like `data` (len <= nbytes) into the slot that is not current,
 then switches the current word to (version, slot) with one aligned 8-byte store;
-`publish_from(writer_fn, nbytes, version)` lets `writer_fn(memoryview)` fill the slot in place.
+`publish_from(writer_fn, nbytes, version)` lets `writer_fn(memoryview)` fill the slot in place;
+`next_slot_view(nbytes)` lets helpers of that writer fill parts of it while writer_fn runs.
 Any number of readers: `latest_version()` (-1 before the first publish); `read_into(out,
 timeout=10.0, min_version=0) -> version` copies a consistent snapshot of the latest version
 (>= min_version) into the writable buffer `out`; `read_with(fn, ...)` hands `fn` a read-only view
@@ -123,6 +124,16 @@ class WeightBuffer(Mapped):
         q[m + _VER] = version
         q[m + _SEQ] = seq + 2                             # even: stable
         q[_CUR] = (version << 1) | slot                   # switch
+
+    def next_slot_view(self, nbytes: int) -> memoryview:
+        """A writable view of the slot the next publish fills, for helpers of the one writer
+        (other trainer ranks writing their shards): they write only while that publish has the
+        slot marked as being written, and release the view after."""
+        if not 0 <= nbytes <= self.nbytes:
+            raise ValueError(f"{nbytes} bytes do not fit weight buffer {self.name} ({self.nbytes})")
+        cur = self._q[_CUR]
+        off = _DATA + (0 if cur < 0 else 1 - (cur & 1)) * self._stride
+        return self._mv[off:off + nbytes]
 
     # ---- readers ---------------------------------------------------------------------------
     def latest_version(self) -> int:

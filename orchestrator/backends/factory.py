@@ -70,7 +70,13 @@ def build_trainer(cfg: Config):
         return SimTrainer(cfg.actor.sim)
     if cfg.actor.backend == "torch":
         from orchestrator.backends.torch_trainer import TorchTrainer
-        device = "cuda:0" if cfg.actor.device != "cpu" else "cpu"
+        from orchestrator.model import resolve_device
+        device = resolve_device("cuda:0" if cfg.actor.rank_devices else "cpu")  # each rank sees its own
+        group = None
+        if cfg.actor.strategy != "none":    # ranks: join the group the supervisor set up
+            from orchestrator.backends.sharding import RankGroup
+            group = RankGroup.from_env(cfg.actor, device)
         return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device,
-                            temperature=cfg.rollout.temperature, total_steps=cfg.run.total_steps)
+                            temperature=cfg.rollout.temperature, total_steps=cfg.run.total_steps,
+                            group=group)
     raise ValueError(f"unknown actor.backend {cfg.actor.backend!r}")

@@ -28,6 +28,8 @@ Contract (TrainerBackend of base.py):
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import tempfile
@@ -36,20 +38,25 @@ from typing import Optional
 import numpy as np
 import torch
 
+from orchestrator.backends import sharding
+from orchestrator.backends.microbatch import plan
 from orchestrator.loss import masked_mean, ppo_loss
 from orchestrator.data.tokens import load_tokens
-from orchestrator.model import (build_model, export_hf, flat_layout, resolve_device, write_flat,
+from orchestrator.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)
 from shm.codec import Sequences
 
 MODEL_FILE, OPTIM_FILE, HF_DIR = "model.safetensors", "optimizer.pt", "hf"
+RANKS_FILE, RANK_STATE = "ranks.json", "trainer_state.pt"
 
 
-def pad_batch(batch: Sequences, pad_id: int) -> dict[str, np.ndarray]:
-    """Right-padded [n, L] arrays: ids, attention, behaviour logprobs, loss mask, advantages."""
-    n = batch.n
+def pad_batch(batch: Sequences, pad_id: int, rows: Optional[list[int]] = None) -> dict[str, np.ndarray]:
+    """Right-padded [n, L] arrays of sequences `rows` (None: all): ids, attention, behaviour
+    logprobs, loss mask, advantages, versions."""
+    rows = list(range(batch.n)) if rows is None else rows
+    n = len(rows)
     offsets = np.asarray(batch.offsets, dtype=np.int64)
-    lens = np.diff(offsets)
+    lens = np.diff(offsets)[rows]
     width = int(lens.max()) if n else 0
     ids = np.full((n, width), pad_id, dtype=np.int64)
     attn = np.zeros((n, width), dtype=np.int64)
@@ -57,14 +64,14 @@ def pad_batch(batch: Sequences, pad_id: int) -> dict[str, np.ndarray]:
     mask = np.zeros((n, width), dtype=bool)
     adv = np.zeros((n, width), dtype=np.float32)
     vers = np.full((n, width), -1, dtype=np.int64)
-    for i in range(n):
-        a, b = int(offsets[i]), int(offsets[i + 1])
+    for i, row in enumerate(rows):
+        a, b = int(offsets[row]), int(offsets[row + 1])
         k = b - a
         ids[i, :k] = batch.tokens[a:b]
         attn[i, :k] = 1
         behav[i, :k] = batch.logprobs[a:b]
         mask[i, :k] = np.asarray(batch.loss_mask[a:b], dtype=bool)
-        adv[i, :k] = float(batch.advantages[i])
+        adv[i, :k] = float(batch.advantages[row])
         vers[i, :k] = batch.versions[a:b]
     if width:
         mask[:, 0] = False  # the first token has no predicting position
@@ -86,7 +93,7 @@ def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, temperature: fl
 
 class TorchTrainer:
     def __init__(self, model_cfg, actor_cfg, task_cfg, seed: int, device="cpu", temperature: float = 1.0,
-                 total_steps: int = 1):
+                 total_steps: int = 1, group: Optional[sharding.RankGroup] = None):
         self.cfg = actor_cfg
         self.total_steps = total_steps
         self.device = resolve_device(device)
@@ -95,8 +102,13 @@ class TorchTrainer:
         self.temperature = float(temperature)
         self.tokens = load_tokens(model_cfg.path)
         self.pad_id = self.tokens.pad_id
-        self.model = build_model(model_cfg, len(self.tokens.tokenizer), seed).to(self.device)
-        self.layout = flat_layout(self.model)
+        self.group = group
+        self.rank, self.world = (group.rank, group.world) if group else (0, 1)
+        self.strategy = actor_cfg.strategy if group else "none"
+        module = build_model(model_cfg, len(self.tokens.tokenizer), seed).to(self.device)
+        self.layout = flat_layout(module)
+        self.model = sharding.share(module, actor_cfg, group)
+        self.module = sharding.unwrap(self.model)     # the HF model (its parameters may be shards)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=actor_cfg.lr)
         self.steps = 0
 
@@ -110,15 +122,35 @@ class TorchTrainer:
         return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     # ------------------------------------------------------------------ training
-    def _tensors(self, batch: Sequences) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(v).to(self.device) for k, v in pad_batch(batch, self.pad_id).items()}
+    def _tensors(self, batch: Sequences, rows: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
+        """Padded tensors of `rows`; an empty micro-batch (`[]`, only where ranks must run as many
+        passes as each other) is sequence 0 with no loss-masked token: a pass of zero weight."""
+        t = pad_batch(batch, self.pad_id, rows if rows != [] else [0])
+        if rows == []:
+            t["mask"][:] = False
+        return {k: torch.from_numpy(v).to(self.device) for k, v in t.items()}
+
+    def _forward_done(self) -> None:
+        """FSDP2 keeps the root's parameters gathered after a forward without backward."""
+        if self.strategy == "fsdp":
+            self.model.reshard()
+
+    def _sync_grads(self, on: bool):
+        if self.strategy == "fsdp":
+            self.model.set_requires_gradient_sync(on)
+            return contextlib.nullcontext()
+        if self.strategy == "ddp" and not on:
+            return self.model.no_sync()
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Sequences) -> np.ndarray:
-        """Per-token logprobs of `batch` under the current weights, in the batch's flat layout."""
+        """Per-token logprobs of `batch` under the current weights, in the batch's flat layout
+        (one rank)."""
         t = self._tensors(batch)
         self.model.eval()
         lp = token_logprobs(self.model, t["ids"], t["attn"], self.temperature).cpu().numpy()
+        self._forward_done()
         out = np.zeros(len(batch.tokens), dtype=np.float32)
         for i in range(batch.n):
             a, b = int(batch.offsets[i]), int(batch.offsets[i + 1])
@@ -126,31 +158,49 @@ class TorchTrainer:
         return out
 
     def train_step(self, batch: Sequences) -> dict[str, float]:
-        t = self._tensors(batch)  # an empty batch (n == 0) is skipped like one without signal
-        mask = t["mask"]
-        n_tok = int(mask.sum())
+        """One update on the whole batch; with ranks, every rank calls it with the same batch and
+        trains its share (orchestrator.backends.microbatch). The loss is the per-token mean over
+        the batch's loss-masked tokens however the batch is split."""
+        offsets = np.asarray(batch.offsets, dtype=np.int64)
+        masked = np.asarray(batch.loss_mask, dtype=bool).copy()
+        masked[offsets[:-1][np.diff(offsets) > 0]] = False   # a first token has no predicting position
+        cum = np.concatenate([[0], np.cumsum(masked)])
+        per_seq = cum[offsets[1:]] - cum[offsets[:-1]]        # loss-masked tokens per sequence
+        n_tok = int(per_seq.sum())
         base = {"loss": 0.0, "clip_frac": 0.0, "imp_weight_mean": 1.0, "behav_capped_frac": 0.0,
                 "approx_kl": 0.0, "grad_norm": 0.0, "tokens": float(n_tok),
                 "sequences": float(batch.n), "skipped": 1.0, "steps": float(self.steps)}
         coef = self.cfg.entropy_coef
-        if n_tok == 0 or (coef == 0 and not bool((t["adv"][mask] != 0).any())):
+        signal = bool((np.asarray(batch.advantages)[per_seq > 0] != 0).any())
+        if n_tok == 0 or (coef == 0 and not signal):     # the same decision on every rank
             return base
 
-        behav = t["behav"]
-        prox: Optional[torch.Tensor] = None
+        mine = plan(np.diff(offsets), self.world, self.cfg.micro_batch_tokens)[self.rank]
+        parts = [self._tensors(batch, rows) for rows in mine]
+        weights = [float(t["mask"].sum()) / n_tok for t in parts]
+        behav = [t["behav"] for t in parts]
+        prox: list[Optional[torch.Tensor]] = [None] * len(parts)
         mismatch: dict[str, float] = {}
         if self.cfg.recompute_logprob:
             self.model.eval()
+            diff_sum, diff_n, diff_max = 0.0, 0.0, 0.0
             with torch.no_grad():
-                prox = token_logprobs(self.model, t["ids"], t["attn"], self.temperature)
-            same = mask & (t["vers"] == batch.version)  # sampled by the weights recomputed here
-            if bool(same.any()):
-                diff = (prox - behav).abs()[same]
-                mismatch = {"logprob_diff_mean": float(diff.mean()),
-                            "logprob_diff_max": float(diff.max()),
-                            "logprob_diff_tokens": float(same.sum())}
+                for m, t in enumerate(parts):
+                    prox[m] = token_logprobs(self.model, t["ids"], t["attn"], self.temperature)
+                    same = t["mask"] & (t["vers"] == batch.version)   # sampled by these weights
+                    if bool(same.any()):
+                        diff = (prox[m] - t["behav"]).abs()[same]
+                        diff_sum += float(diff.sum())
+                        diff_n += float(same.sum())
+                        diff_max = max(diff_max, float(diff.max()))
+            self._forward_done()
+            diff_sum, diff_n = self._reduce([diff_sum, diff_n])
+            diff_max, = self._reduce([diff_max], "max")
+            if diff_n:
+                mismatch = {"logprob_diff_mean": diff_sum / diff_n, "logprob_diff_max": diff_max,
+                            "logprob_diff_tokens": diff_n}
             if not self.cfg.use_decoupled_loss:
-                behav, prox = prox, None  # standard PPO anchored at the recomputed policy
+                behav, prox = prox, [None] * len(parts)   # standard PPO anchored at the recomputed policy
 
         lr = self.lr_at(batch.ident)
         for group in self.optimizer.param_groups:
@@ -158,19 +208,28 @@ class TorchTrainer:
         self.model.train()
         totals: dict[str, float] = {}
         for _ in range(self.cfg.ppo_epochs):
-            lp, ent = token_logprobs(self.model, t["ids"], t["attn"], self.temperature, True)
-            loss, stats = ppo_loss(lp, prox, behav, t["adv"], mask, self.cfg.eps_clip,
-                                   self.cfg.use_decoupled_loss, self.cfg.behav_imp_weight_cap)
-            entropy = masked_mean(ent, mask.bool())
-            if coef:
-                loss = loss - coef * entropy      # keeps exploring once groups stop disagreeing
-            stats["entropy"] = float(entropy.detach())
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            sums: dict[str, float] = {}
+            for m, t in enumerate(parts):
+                with self._sync_grads(m == len(parts) - 1):
+                    lp, ent = token_logprobs(self.model, t["ids"], t["attn"], self.temperature, True)
+                    loss, stats = ppo_loss(lp, prox[m], behav[m], t["adv"], t["mask"],
+                                           self.cfg.eps_clip, self.cfg.use_decoupled_loss,
+                                           self.cfg.behav_imp_weight_cap)
+                    entropy = masked_mean(ent, t["mask"].bool())
+                    if coef:
+                        loss = loss - coef * entropy   # keeps exploring once groups stop disagreeing
+                    # ranks' gradients are averaged: x world makes the sum over ranks the batch mean
+                    (loss * (weights[m] * self.world)).backward()
+                stats["entropy"] = float(entropy.detach())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v * weights[m]
+            keys = sorted(sums)
+            sums = dict(zip(keys, self._reduce([sums[k] for k in keys])))
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
-            stats["grad_norm"] = float(gn)
-            for k, v in stats.items():
+            sums["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+            for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + v
         self.model.eval()
         self.steps += 1
@@ -179,27 +238,63 @@ class TorchTrainer:
                    lr=lr, **mismatch)
         return out
 
+    def _reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        return self.group.reduce(values, op) if self.group is not None else values
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """The full gradient of every parameter on CPU (a collective with ranks): what the last
+        update applied, after clipping. For equivalence checks across splits."""
+        out = {}
+        for name, p in self.module.named_parameters():
+            g = p.grad
+            if g is not None and hasattr(g, "full_tensor"):
+                g = g.full_tensor()
+            out[name] = g.detach().float().cpu() if g is not None else None
+        return out
+
     # ------------------------------------------------------------------ weights
     def weight_nbytes(self) -> int:
         return self.layout.nbytes
 
     def write_weights(self, out: memoryview) -> None:
-        write_flat(self.model, out, self.layout)
+        """This rank's part of the flat weights (sharding.shard_writes): all of them on one rank."""
+        writes = sharding.shard_writes(self.model, self.layout, self.rank, self.world, self.strategy)
+        sharding.write_shards(writes, flat_views(out, self.layout.nbytes))
 
-    def write_weights_tensor(self, out: torch.Tensor) -> None:
-        """CUDA IPC path: fill a uint8 buffer on the trainer's device."""
-        write_flat_tensor(self.model, out, self.layout)
+    def write_weights_tensor(self, out: Optional[torch.Tensor]) -> None:
+        """CUDA IPC path: the full flat weights into rank 0's uint8 buffer on its device; with
+        ranks every rank calls it (parameters are gathered) and the others pass None."""
+        write_flat_tensor(self.module, out, self.layout)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str) -> None:
+        """One rank: `hf/` + `optimizer.pt`. Ranks (every rank calls it): `dcp/` (each rank its
+        shards), `hf/` exported by rank 0 from the gathered parameters, `trainer_state.pt` and
+        `ranks.json` (world size and sharding: a resume must match them)."""
         os.makedirs(directory, exist_ok=True)
-        export_hf(self.model, self.tokens.tokenizer, os.path.join(directory, HF_DIR))
-        state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps,
-                 "rng_cpu": torch.get_rng_state(),
-                 "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []}
-        _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
+        rng = {"rng_cpu": torch.get_rng_state(),
+               "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []}
+        if self.group is None:
+            export_hf(self.module, self.tokens.tokenizer, os.path.join(directory, HF_DIR))
+            state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps, **rng}
+            _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
+            return
+        sharding.save_sharded(directory, self.model, self.optimizer)
+        full = sharding.full_state(self.model)
+        if self.rank == 0:
+            export_hf(self.module, self.tokens.tokenizer, os.path.join(directory, HF_DIR), full)
+            _atomic(directory, RANK_STATE, lambda path: torch.save({"steps": self.steps, **rng}, path))
+            meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
+            _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
+        self.group.barrier()
 
     def load(self, directory: str) -> None:
+        if self.group is not None:
+            self._load_sharded(directory)
+            return
+        if os.path.exists(os.path.join(directory, RANKS_FILE)):
+            raise ValueError(f"checkpoint {directory} was written by {_ranks(directory)}: resume "
+                             f"with the same actor.num_ranks / actor.devices")
         tensors = read_weights(directory)
         params = dict(self.model.named_parameters())
         if set(tensors) != set(params):
@@ -212,6 +307,21 @@ class TorchTrainer:
         state = torch.load(os.path.join(directory, OPTIM_FILE), map_location=self.device,
                            weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
+        self._restore(state)
+
+    def _load_sharded(self, directory: str) -> None:
+        if not os.path.exists(os.path.join(directory, RANKS_FILE)):
+            raise ValueError(f"checkpoint {directory} was written by one trainer rank: resume with "
+                             f"one (actor.num_ranks=1, no actor.devices)")
+        saved = json.loads(open(os.path.join(directory, RANKS_FILE), "rb").read())
+        if saved != {"world_size": self.world, "sharding": self.strategy}:
+            raise ValueError(f"checkpoint {directory} was written by {_ranks(directory)}, this run "
+                             f"has {self.world} ranks sharded by {self.strategy}")
+        sharding.load_sharded(directory, self.model, self.optimizer)
+        self._restore(torch.load(os.path.join(directory, RANK_STATE), map_location="cpu",
+                                 weights_only=True))
+
+    def _restore(self, state: dict) -> None:
         self.steps = int(state["steps"])
         if "rng_cpu" in state:
             torch.set_rng_state(state["rng_cpu"].cpu())
@@ -220,6 +330,16 @@ class TorchTrainer:
 
     def close(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.group is not None:
+            self.group.close()
+
+
+def _ranks(directory: str) -> str:
+    try:
+        saved = json.loads(open(os.path.join(directory, RANKS_FILE), "rb").read())
+        return f"{saved['world_size']} ranks sharded by {saved['sharding']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "several ranks"
 
 
 def read_weights(directory: str) -> dict[str, torch.Tensor]:

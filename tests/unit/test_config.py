@@ -220,3 +220,36 @@ def test_device_indices_may_be_yaml_ints():
 def test_sim_backends_take_no_device(override, field):
     with pytest.raises(ConfigError, match=f"{field}.* sim"):
         load_config(ROOT / "configs" / "sim.yaml", [override])
+
+
+# ------------------------------------------------------------------ trainer ranks (actor.devices / num_ranks)
+
+def test_trainer_ranks_layout():
+    cfg = load_config(None, ["actor.backend=torch", "inference.backend=torch", "actor.num_ranks=2"])
+    assert (cfg.actor.world_size, cfg.actor.strategy, cfg.actor.rank_devices) == (2, "fsdp", [])
+    cfg = load_config(None, ["actor.backend=torch", "inference.backend=torch",
+                             "actor.devices=[4, 5, 6, 7]", "inference.devices=[0, 1]",
+                             "inference.num_workers=2", "actor.sharding=ddp"])
+    assert (cfg.actor.world_size, cfg.actor.strategy) == (4, "ddp")
+    assert cfg.actor.rank_devices == ["4", "5", "6", "7"] and cfg.gpu_weights
+    assert load_config(None, []).actor.strategy == "none"
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["actor.devices=['1', '1']"], "listed twice"),
+    (["actor.devices=['0']", "inference.devices=['0']"], "overlaps inference.devices"),
+    (["actor.devices=['1', '2']", "actor.device='3'"], "set one"),
+    (["actor.devices=['1', '2']", "actor.num_ranks=3"], "one rank per device"),
+    (["actor.device='1'", "actor.num_ranks=2"], "actor.devices"),
+    (["actor.num_ranks=2", "actor.sharding=none"], "actor.sharding=none"),
+    (["actor.devices=['x']"], "actor.devices"),
+])
+def test_bad_trainer_ranks(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["actor.backend=torch", "inference.backend=torch", *overrides])
+    assert needle in str(err.value)
+
+
+def test_sim_trainer_is_one_rank():
+    with pytest.raises(ConfigError, match="actor.backend torch"):
+        load_config(None, ["actor.backend=sim", "inference.backend=sim", "actor.num_ranks=2"])

@@ -1,0 +1,123 @@
+"""Trainer ranks compute what one rank computes: the same loss and gradients for one batch whatever
+the split (1 rank or 2 gloo ranks, FSDP2 or DDP, any micro-batch budget), and the ranks' shard writes
+assemble exactly the flat weights one rank writes. Real processes, a real gloo process group."""
+import mmap
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from orchestrator.backends.torch_trainer import TorchTrainer
+from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
+from shm.codec import Sequences
+
+MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, max_seq_len=64)
+BASE = dict(backend="torch", lr=1e-3, ppo_epochs=1, entropy_coef=0.01)
+
+
+def make_batch(seed=0, n=7) -> Sequences:
+    """Sequences of different lengths with prompt (unmasked) and answer (masked) tokens, behaviour
+    logprobs near the model's, advantages of both signs, versions 0 and 1 (the batch is at 1)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(4, 20, size=n)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    total = int(offsets[-1])
+    tokens = rng.integers(3, 19, size=total).astype(np.int32)
+    mask = np.zeros(total, dtype=np.uint8)
+    prompt = np.minimum(3, lens - 1)
+    for i in range(n):
+        mask[offsets[i] + prompt[i]:offsets[i + 1]] = 1
+    return Sequences(kind=1, ident=1, version=1, offsets=offsets,
+                     prompt_lens=prompt.astype(np.int32), prompt_ids=np.arange(n, dtype=np.int64),
+                     tokens=tokens, logprobs=(-3.0 + 0.1 * rng.standard_normal(total)).astype(np.float32),
+                     versions=rng.integers(0, 2, size=total).astype(np.int32), loss_mask=mask,
+                     rewards=rng.random(n).astype(np.float32),
+                     advantages=rng.standard_normal(n).astype(np.float32),
+                     scalars=np.zeros(0, dtype=np.float64))
+
+
+def _trainer(actor: dict, group=None) -> TorchTrainer:
+    return TorchTrainer(ModelConfig(**MODEL), ActorConfig(**BASE, **actor), TaskConfig(name="copy2"),
+                        seed=3, group=group)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, world, port, actor, weights_path, out):
+    from orchestrator.backends.sharding import RankGroup
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    cfg = ActorConfig(**BASE, **actor, num_ranks=world)
+    tr = _trainer(dict(actor, num_ranks=world), RankGroup.from_env(cfg, torch.device("cpu")))
+    stats = tr.train_step(make_batch())
+    grads = tr.gradients()
+    with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        tr.write_weights(memoryview(mm))     # every rank writes its own shards, in place
+        del mm
+    tr.group.barrier()
+    if rank == 0:
+        torch.save({"stats": stats, "grads": grads}, out)
+    tr.close()
+
+
+def run_ranks(tmp_path, world, actor):
+    one = _trainer({})
+    path = tmp_path / f"weights-{world}-{actor.get('sharding')}-{actor.get('micro_batch_tokens')}"
+    path.write_bytes(b"\xff" * one.weight_nbytes())          # bytes no rank wrote stay 0xff
+    out = tmp_path / "rank0.pt"
+    mp.start_processes(_rank, args=(world, _free_port(), actor, str(path), str(out)), nprocs=world,
+                       start_method="spawn", join=True)
+    got = torch.load(out, weights_only=False)
+    return got["stats"], got["grads"], path.read_bytes()
+
+
+def single(actor):
+    tr = _trainer(actor)
+    stats = tr.train_step(make_batch())
+    buf = bytearray(tr.weight_nbytes())
+    tr.write_weights(memoryview(buf))
+    return stats, tr.gradients(), bytes(buf)
+
+
+def assert_same(ref, got, what):
+    (s0, g0, w0), (s1, g1, w1) = ref, got
+    for k in ("loss", "entropy", "clip_frac", "approx_kl", "grad_norm", "logprob_diff_mean",
+              "logprob_diff_max", "logprob_diff_tokens", "tokens"):
+        assert s1[k] == pytest.approx(s0[k], rel=1e-4, abs=1e-6), f"{what}: {k}"
+    assert set(g0) == set(g1)
+    for name in g0:
+        assert torch.allclose(g1[name], g0[name], rtol=1e-4, atol=1e-6), f"{what}: grad of {name}"
+    a, b = np.frombuffer(w0, np.float32), np.frombuffer(w1, np.float32)
+    assert np.allclose(a, b, rtol=1e-4, atol=1e-6), f"{what}: published weights differ"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return single({})
+
+
+@pytest.mark.parametrize("budget", [None, 40, 1])
+def test_micro_batches_change_nothing(reference, budget):
+    assert_same(reference, single({"micro_batch_tokens": budget}), f"1 rank, budget {budget}")
+
+
+@pytest.mark.parametrize("sharding,budget", [("fsdp", None), ("fsdp", 30), ("ddp", 30)])
+def test_two_ranks_same_loss_gradients_and_weights(tmp_path, reference, sharding, budget):
+    got = run_ranks(tmp_path, 2, {"sharding": sharding, "micro_batch_tokens": budget})
+    assert_same(reference, got, f"2 ranks {sharding}, budget {budget}")
+    assert got[0]["tokens"] > 0 and got[0]["skipped"] == 0
+
+
+def test_more_ranks_than_sequences(tmp_path, reference):
+    """3 ranks, fsdp, a budget that makes 1-sequence micro-batches: some ranks run zero-weight
+    passes so that every rank joins the same collectives."""
+    got = run_ranks(tmp_path, 3, {"sharding": "fsdp", "micro_batch_tokens": 16})
+    assert_same(reference, got, "3 ranks fsdp")
