@@ -62,6 +62,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process ('T': stopped), '' when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+
+
 def collective_error(error: str) -> bool:
     """A rank's Fatal that only says a peer went away (a collective failed or timed out)."""
     return any(k in error for k in ("DistBackendError", "DistNetworkError", "DistError", "gloo",
@@ -162,6 +171,7 @@ class Supervisor:
         self.loop: Optional[EventLoop] = None
         self._stop = self.signals.event
         self._hung: dict[tuple[str, int], float] = {}   # killed for silence: key -> silent seconds
+        self._rank_hang = ""          # trainer ranks killed for silence: what the run reports
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
         self.scratch = ""             # per-run temporary directory (orchestrator.scratch)
         self.prompt_tokens = 0        # longest prompt of the task (workers size contexts by it)
@@ -287,11 +297,8 @@ class Supervisor:
             time.sleep(0.05)
         tail = f"; the last checkpoint stays valid (resume with run.resume=auto); see " \
                f"{self.run_dir}/logs/trainer<rank>.log"
-        for r, p in procs.items():
-            if ("trainer", r) in self._hung:
-                return RunFailed(f"trainer rank {r} (pid {p.pid}) made no progress for "
-                                 f"{self._hung[('trainer', r)]:.1f}s (actor.heartbeat_timeout_s="
-                                 f"{self.cfg.actor.heartbeat_timeout_s}): hung or stopped, killed{tail}")
+        if self._rank_hang:
+            return RunFailed(self._rank_hang + tail)
         for r, p in procs.items():
             if p is not None and p.exitcode is not None and r not in errors:
                 return RunFailed(f"trainer rank {r} (pid {p.pid}) died with exit code {p.exitcode}{tail}")
@@ -311,24 +318,41 @@ class Supervisor:
         now_ms = time.monotonic() * 1000
         limits = {"trainer": self.cfg.actor.heartbeat_timeout_s,
                   "inference": self.cfg.inference.heartbeat_timeout_s}
-        silent_of = {}
+        over = {}
         for key, p in list(self.procs.items()):
             hb = self.loop.res.heartbeats.get(key)
             beat = hb.get() if hb is not None else 0
-            if beat and p.exitcode is None:
-                silent_of[key] = (now_ms - beat) / 1000
-        ranks = [k for k in silent_of if k[0] == "trainer"]
-        if len(ranks) > 1:       # ranks wait on each other: only the one silent longest is the cause
-            worst = max(ranks, key=lambda k: silent_of[k])
-            silent_of = {k: v for k, v in silent_of.items() if k[0] != "trainer" or k == worst}
-        for key, silent in silent_of.items():
+            silent = (now_ms - beat) / 1000
+            if beat and p.exitcode is None and silent > limits[key[0]]:
+                over[key] = silent
+        ranks = [k for k in over if k[0] == "trainer"]
+        if ranks and self.cfg.actor.world_size > 1:
+            self._ranks_hung({k: over.pop(k) for k in ranks})
+        for key, silent in over.items():
             p = self.procs[key]
-            if silent > limits[key[0]]:
-                log.error("%s worker %d (pid %s) made no progress for %.1fs: killing it",
-                          key[0], key[1], p.pid, silent)
-                self._hung[key] = silent
-                p.kill()
-                p.join(2.0)
+            log.error("%s worker %d (pid %s) made no progress for %.1fs: killing it",
+                      key[0], key[1], p.pid, silent)
+            self._hung[key] = silent
+            p.kill()
+            p.join(2.0)
+
+    def _ranks_hung(self, silent: dict) -> None:
+        """Trainer ranks went silent. One hung rank stalls the others in their next collective, so
+        silence alone does not say which: a rank the kernel shows stopped (SIGSTOP) is named as the
+        cause, else every silent rank. Every rank is killed (none is left waiting on a collective)."""
+        stopped = [k for k in silent if _proc_state(self.procs[k].pid) == "T"]
+        cause = sorted(stopped or silent)
+        what = "stopped (SIGSTOP)" if stopped else "hung, or waiting in a collective on a hung rank"
+        self._rank_hang = (
+            f"trainer rank{'s' if len(cause) > 1 else ''} {', '.join(str(k[1]) for k in cause)} "
+            f"made no progress for {max(silent[k] for k in cause):.1f}s (actor.heartbeat_timeout_s="
+            f"{self.cfg.actor.heartbeat_timeout_s}): {what}; every rank killed")
+        log.error("%s", self._rank_hang)
+        ranks = [p for (role, _), p in self.procs.items() if role == "trainer"]
+        for p in ranks:
+            p.kill()
+        for p in ranks:
+            p.join(2.0)
 
     def _fresh_rings(self, i: int) -> WorkerSpec:
         """Event thread: give worker i fresh rings (the old ones may hold a torn record) and return

@@ -99,14 +99,15 @@ def error_lines(stderr):
     return [line for line in stderr.strip().splitlines() if line.startswith("error")]
 
 
-def run_embedded(run_dir, config=None, timeout=900):
+def run_embedded(run_dir, config=None, timeout=900, overrides=()):
     """Run an embedded job to its end (`config` None: no --config, what a bare launch runs, i.e.
     configs/default.yaml): (its config as a dict, every metrics record, the step lines), after
-    checking exit 0 and step lines 1..run.total_steps."""
+    checking exit 0 and step lines 1..run.total_steps. `overrides` must leave run.total_steps."""
     import yaml
     args = ["--config", config] if config else []
     out = subprocess.run([sys.executable, "-m", "orchestrator.launch", *args, f"run.dir={run_dir}",
-                          "run.progress=false"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                          "run.progress=false", *overrides], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
     assert out.returncode == 0, out.stderr[-2000:]
     cfg = yaml.safe_load(open(ROOT / (config or "configs/default.yaml")))
     recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
