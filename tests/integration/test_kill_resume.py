@@ -87,6 +87,21 @@ def test_kill_resume_multiturn_redoes_episodes_in_flight(tmp_path):
     assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone
 
 
+def test_kill_resume_with_two_trainer_ranks(tmp_path):
+    """Two gloo trainer ranks (FSDP2, sharded DCP checkpoints): kill -9 of the supervisor in steady
+    state, at checkpoints and during recovery keeps every promise one rank keeps: steps exactly
+    once, prompts exactly once, the bound on step one after resume, no process or segment left."""
+    out, result = soak(tmp_path, "--kills", "3", "--seed", "3", "--phases",
+                       "steady,checkpoint,recovery", "--hang-timeout", "60", "--timeout", "120",
+                       "run.total_steps=24", "run.checkpoint_every=4", "eval.every_steps=0",
+                       "actor.num_ranks=2", config="configs/default.yaml")
+    assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
+    assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
+    assert result["prompts_exactly_once"] and result["bound_kept_on_resume"]
+    assert result["shm_leftovers"] == []
+    assert all(r["children_alive_after_5s"] == 0 for r in result["rounds"])
+
+
 @pytest.mark.slow
 def test_kill_resume_long_soak(tmp_path):
     out, result = soak(tmp_path, "--kills", "50", "--seed", "7", "--hang-timeout", "60",
