@@ -198,6 +198,10 @@ class ActorConfig(_Section):
         None, ge=1, le=MAX_TOKENS, description="padded tokens (sequences x longest) per forward "
         "pass, with gradient accumulation; the loss is the same per-token mean over the whole "
         "batch whatever the split (None: each rank's share in one pass)")
+    pack_sequences: bool = Field(
+        False, description="padding-free micro-batches: sequences end to end in one row, position "
+        "ids restarting per sequence (sdpa / flash attention keep them apart; checked against the "
+        "padded forward when the trainer starts, and refused where they differ)")
     param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
         None, description="fsdp: dtype parameters are gathered and computed in (None: model.dtype)")
     reduce_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(

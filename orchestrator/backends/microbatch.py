@@ -4,9 +4,10 @@ Contract: `plan(lengths, world, budget) -> list[list[list[int]]]`, a pure functi
 lengths, so every rank computes the same plan from the same batch without a collective:
 - ranks: sequences are dealt longest first to the rank with the fewest tokens so far (ties: the
   lowest rank), so ranks carry about the same tokens;
-- micro-batches: each rank's sequences, longest first, are packed while `count x longest` (the
-  padded tokens of one forward pass) stays within `budget`; a sequence longer than the budget goes
-  alone. `budget=None`: one micro-batch per rank;
+- micro-batches: each rank's sequences, longest first, are packed while the tokens of one forward
+  pass stay within `budget`: `count x longest` when padded, the sum of lengths when `packed` (one
+  row, no padding); a sequence longer than the budget goes alone. `budget=None`: one micro-batch
+  per rank;
 - every rank gets the same number of micro-batches (sharded and replicated models run one
   collective per forward and backward, so counts must agree): a rank with fewer gets empty ones
   (`[]`), which the trainer runs as a zero-weight pass.
@@ -29,22 +30,29 @@ def split_ranks(lengths: Sequence[int], world: int) -> list[list[int]]:
     return out
 
 
-def micro_batches(indices: Sequence[int], lengths: Sequence[int],
-                  budget: Optional[int]) -> list[list[int]]:
-    """Pack `indices` (longest first) into micro-batches of at most `budget` padded tokens."""
+def micro_batches(indices: Sequence[int], lengths: Sequence[int], budget: Optional[int],
+                  packed: bool = False) -> list[list[int]]:
+    """Pack `indices` (longest first) into micro-batches of at most `budget` tokens per pass."""
     order = sorted(indices, key=lambda i: (-int(lengths[i]), i))
     if budget is None:
         return [order] if order else []
     out: list[list[int]] = []
+    used = 0
     for i in order:
-        if out and (len(out[-1]) + 1) * int(lengths[out[-1][0]]) <= budget:
-            out[-1].append(i)       # the first of a micro-batch is its longest
+        n = int(lengths[i])
+        # the first of a micro-batch is its longest: padded cost is count x first
+        cost = used + n if packed else (len(out[-1]) + 1) * int(lengths[out[-1][0]]) if out else n
+        if out and cost <= budget:
+            out[-1].append(i)
+            used = cost
         else:
             out.append([i])
+            used = n
     return out
 
 
-def plan(lengths: Sequence[int], world: int, budget: Optional[int]) -> list[list[list[int]]]:
-    per_rank = [micro_batches(idx, lengths, budget) for idx in split_ranks(lengths, world)]
+def plan(lengths: Sequence[int], world: int, budget: Optional[int],
+         packed: bool = False) -> list[list[list[int]]]:
+    per_rank = [micro_batches(idx, lengths, budget, packed) for idx in split_ranks(lengths, world)]
     count = max(1, max(len(m) for m in per_rank))
     return [m + [[] for _ in range(count - len(m))] for m in per_rank]

@@ -78,11 +78,26 @@ def pad_batch(batch: Sequences, pad_id: int, rows: Optional[list[int]] = None) -
     return {"ids": ids, "attn": attn, "behav": behav, "mask": mask, "adv": adv, "vers": vers}
 
 
-def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float,
-                   with_entropy: bool = False):
-    """[n, L] logprob of token t given tokens < t (column 0 is 0); with_entropy: also the [n, L]
-    entropy of the sampling distribution at each position (column 0 is 0)."""
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1, :].float()
+def pack_batch(batch: Sequences, pad_id: int, rows: list[int]) -> dict[str, np.ndarray]:
+    """Sequences `rows` end to end in one [1, T] row, no padding: the arrays of pad_batch plus
+    `pos`, position ids restarting at 0 for each sequence (attention stays within a sequence)."""
+    parts = [pad_batch(batch, pad_id, [r]) for r in rows]
+    out = {k: np.concatenate([p[k] for p in parts], axis=1) for k in parts[0]}
+    out["pos"] = np.concatenate([np.arange(p["ids"].shape[1]) for p in parts])[None, :]
+    return out
+
+
+def token_logprobs(model, t: dict, temperature: float, with_entropy: bool = False):
+    """[n, L] logprob of token t given tokens < t (column 0 is 0) for the tensors of pad_batch or
+    pack_batch; with_entropy: also the [n, L] entropy of the sampling distribution at each
+    position (column 0 is 0). In a packed row a sequence's first token is never loss-masked, so
+    predictions across a boundary never count."""
+    ids = t["ids"]
+    if "pos" in t:
+        out = model(input_ids=ids, position_ids=t["pos"], use_cache=False)
+    else:
+        out = model(input_ids=ids, attention_mask=t["attn"], use_cache=False)
+    logits = out.logits[:, :-1, :].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     picked = torch.nn.functional.pad(logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), (1, 0))
     if not with_entropy:
@@ -111,6 +126,34 @@ class TorchTrainer:
         self.module = sharding.unwrap(self.model)     # the HF model (its parameters may be shards)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=actor_cfg.lr)
         self.steps = 0
+        if actor_cfg.pack_sequences:
+            self._check_packing()
+
+    @torch.no_grad()
+    def _check_packing(self) -> None:
+        """Packed rows are right only where the attention implementation keeps each sequence to
+        itself given restarting position ids: compare one packed pass with the padded one."""
+        lens = [5, 3]
+        ids = np.arange(sum(lens), dtype=np.int32) % max(2, len(self.tokens.tokenizer) - 1) + 1
+        probe = Sequences(kind=0, ident=0, version=0, offsets=np.array([0, 5, 8], dtype=np.int64),
+                          prompt_lens=np.ones(2, np.int32), prompt_ids=np.zeros(2, np.int64),
+                          tokens=ids, logprobs=np.zeros(8, np.float32),
+                          versions=np.zeros(8, np.int32), loss_mask=np.ones(8, np.uint8),
+                          rewards=np.zeros(2, np.float32), advantages=np.zeros(2, np.float32),
+                          scalars=np.zeros(0))
+        self.model.eval()
+        as_tensors = {k: torch.from_numpy(v).to(self.device) for k, v in
+                      pack_batch(probe, self.pad_id, [0, 1]).items()}
+        packed = token_logprobs(self.model, as_tensors, self.temperature)[0]
+        padded = token_logprobs(self.model, self._tensors(probe), self.temperature)
+        self._forward_done()
+        got = torch.cat([packed[1:5], packed[6:8]]).float().cpu()   # not the sequences' first tokens
+        want = torch.cat([padded[0, 1:5], padded[1, 1:3]]).float().cpu()
+        if not torch.allclose(got, want, atol=1e-3):
+            raise ValueError(f"actor.pack_sequences: this model's attention "
+                             f"({getattr(self.module.config, '_attn_implementation', '?')}) does "
+                             f"not keep packed sequences apart (max logprob difference "
+                             f"{float((got - want).abs().max()):.3g}); turn it off")
 
     def lr_at(self, step: int) -> float:
         """Learning rate for 1-based trainer step `step` (a pure function: resume-safe)."""
@@ -125,7 +168,11 @@ class TorchTrainer:
     def _tensors(self, batch: Sequences, rows: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
         """Padded tensors of `rows`; an empty micro-batch (`[]`, only where ranks must run as many
         passes as each other) is sequence 0 with no loss-masked token: a pass of zero weight."""
-        t = pad_batch(batch, self.pad_id, rows if rows != [] else [0])
+        take = rows if rows != [] else [0]
+        if self.cfg.pack_sequences and rows is not None:
+            t = pack_batch(batch, self.pad_id, take)
+        else:
+            t = pad_batch(batch, self.pad_id, take if rows is not None else None)
         if rows == []:
             t["mask"][:] = False
         return {k: torch.from_numpy(v).to(self.device) for k, v in t.items()}
@@ -149,7 +196,7 @@ class TorchTrainer:
         (one rank)."""
         t = self._tensors(batch)
         self.model.eval()
-        lp = token_logprobs(self.model, t["ids"], t["attn"], self.temperature).cpu().numpy()
+        lp = token_logprobs(self.model, t, self.temperature).cpu().numpy()
         self._forward_done()
         out = np.zeros(len(batch.tokens), dtype=np.float32)
         for i in range(batch.n):
@@ -175,7 +222,8 @@ class TorchTrainer:
         if n_tok == 0 or (coef == 0 and not signal):     # the same decision on every rank
             return base
 
-        mine = plan(np.diff(offsets), self.world, self.cfg.micro_batch_tokens)[self.rank]
+        mine = plan(np.diff(offsets), self.world, self.cfg.micro_batch_tokens,
+                    self.cfg.pack_sequences)[self.rank]
         parts = [self._tensors(batch, rows) for rows in mine]
         weights = [float(t["mask"].sum()) / n_tok for t in parts]
         behav = [t["behav"] for t in parts]
@@ -186,7 +234,7 @@ class TorchTrainer:
             diff_sum, diff_n, diff_max = 0.0, 0.0, 0.0
             with torch.no_grad():
                 for m, t in enumerate(parts):
-                    prox[m] = token_logprobs(self.model, t["ids"], t["attn"], self.temperature)
+                    prox[m] = token_logprobs(self.model, t, self.temperature)
                     same = t["mask"] & (t["vers"] == batch.version)   # sampled by these weights
                     if bool(same.any()):
                         diff = (prox[m] - t["behav"]).abs()[same]
@@ -212,7 +260,7 @@ class TorchTrainer:
             sums: dict[str, float] = {}
             for m, t in enumerate(parts):
                 with self._sync_grads(m == len(parts) - 1):
-                    lp, ent = token_logprobs(self.model, t["ids"], t["attn"], self.temperature, True)
+                    lp, ent = token_logprobs(self.model, t, self.temperature, True)
                     loss, stats = ppo_loss(lp, prox[m], behav[m], t["adv"], t["mask"],
                                            self.cfg.eps_clip, self.cfg.use_decoupled_loss,
                                            self.cfg.behav_imp_weight_cap)

@@ -71,7 +71,7 @@ def _rank(rank, world, port, actor, weights_path, out):
 
 def run_ranks(tmp_path, world, actor):
     one = _trainer({})
-    path = tmp_path / f"weights-{world}-{actor.get('sharding')}-{actor.get('micro_batch_tokens')}"
+    path = tmp_path / "weights"
     path.write_bytes(b"\xff" * one.weight_nbytes())          # bytes no rank wrote stay 0xff
     out = tmp_path / "rank0.pt"
     mp.start_processes(_rank, args=(world, _free_port(), actor, str(path), str(out)), nprocs=world,
@@ -105,15 +105,19 @@ def reference():
     return single({})
 
 
-@pytest.mark.parametrize("budget", [None, 40, 1])
-def test_micro_batches_change_nothing(reference, budget):
-    assert_same(reference, single({"micro_batch_tokens": budget}), f"1 rank, budget {budget}")
+@pytest.mark.parametrize("budget,packed", [(None, False), (40, False), (1, False), (None, True),
+                                           (30, True)])
+def test_micro_batches_change_nothing(reference, budget, packed):
+    got = single({"micro_batch_tokens": budget, "pack_sequences": packed})
+    assert_same(reference, got, f"1 rank, budget {budget}, packed {packed}")
 
 
-@pytest.mark.parametrize("sharding,budget", [("fsdp", None), ("fsdp", 30), ("ddp", 30)])
-def test_two_ranks_same_loss_gradients_and_weights(tmp_path, reference, sharding, budget):
-    got = run_ranks(tmp_path, 2, {"sharding": sharding, "micro_batch_tokens": budget})
-    assert_same(reference, got, f"2 ranks {sharding}, budget {budget}")
+@pytest.mark.parametrize("sharding,budget,packed", [("fsdp", None, False), ("fsdp", 30, False),
+                                                    ("ddp", 30, False), ("fsdp", 30, True)])
+def test_two_ranks_same_loss_gradients_and_weights(tmp_path, reference, sharding, budget, packed):
+    got = run_ranks(tmp_path, 2, {"sharding": sharding, "micro_batch_tokens": budget,
+                                  "pack_sequences": packed})
+    assert_same(reference, got, f"2 ranks {sharding}, budget {budget}, packed {packed}")
     assert got[0]["tokens"] > 0 and got[0]["skipped"] == 0
 
 

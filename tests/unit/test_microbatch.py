@@ -49,3 +49,13 @@ def test_plan_is_a_function_of_lengths():
 
 def test_empty_batch_one_empty_pass_per_rank():
     assert plan([], 2, None) == [[[]], [[]]]
+
+
+def test_packed_budget_counts_real_tokens():
+    lengths = [30, 10, 10, 10]
+    assert micro_batches(range(4), lengths, 40) == [[0], [1, 2, 3]]              # padded: 3 x 10
+    assert micro_batches(range(4), lengths, 40, packed=True) == [[0, 1], [2, 3]]  # 30 + 10; 10 + 10
+    rng = random.Random(5)
+    lengths = [rng.randint(1, 40) for _ in range(50)]
+    for m in micro_batches(range(50), lengths, 64, packed=True):
+        assert sum(lengths[i] for i in m) <= 64 or len(m) == 1
