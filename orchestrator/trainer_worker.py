@@ -31,6 +31,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from shm.ring import Ring
     from shm.weights import WeightBuffer
     from orchestrator.backends.factory import build_trainer
+    from orchestrator.backends.sharding import publish_together
 
     cfg = Config.model_validate(spec.config)
     backend = build_trainer(cfg)
@@ -53,20 +54,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 backend.write_weights_tensor(None)        # a rank's part of the gather
             else:
                 wbuf.publish(ipc.publish(version, nbytes, backend.write_weights_tensor), version)
-        elif group is not None and not leader:   # between rank 0 opening and closing the slot
-            view = wbuf.next_slot_view(nbytes)
-            group.barrier()
-            backend.write_weights(view)
-            group.barrier()
-            view.release()
         elif nbytes:
-            def fill(view):
-                if group is not None:
-                    group.barrier()       # the slot is marked as being written: ranks may write
-                backend.write_weights(view)
-                if group is not None:
-                    group.barrier()       # every rank's shards are in: rank 0 switches the version
-            wbuf.publish_from(fill, nbytes, version)
+            publish_together(wbuf, backend.write_weights, group, nbytes, version)
         return time.time()
 
     def next_command() -> tuple[int, bytes]:

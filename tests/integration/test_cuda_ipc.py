@@ -69,3 +69,22 @@ def test_end_to_end_on_two_gpus(tmp_path):
                           "eval.every_steps=0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_trainer_ranks_on_gpus_publish_over_cuda_ipc(tmp_path, ranks):
+    """FSDP2 over NCCL on actor.devices (world 1, and 2 where there are three GPUs), bf16, CUDA IPC
+    publish from rank 0 to a GPU inference worker: the run trains, and inference samples from the
+    trained weights (logprob mismatch below the configured limit)."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < ranks + 1:
+        pytest.skip(f"needs {ranks + 1} CUDA devices (inference plus {ranks} trainer rank(s))")
+    devices = [str(1 + r) for r in range(ranks)]
+    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path}",
+                          "run.total_steps=20", "inference.devices=['0']", f"actor.devices={devices}",
+                          "actor.sharding=fsdp", "actor.micro_batch_tokens=512",
+                          "actor.param_dtype=bfloat16", "actor.logprob_diff_limit=0.1",
+                          "rollout.max_head_offpolicyness=0", "eval.every_steps=0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / "step_00000020" / "trainer" / "dcp").is_dir()

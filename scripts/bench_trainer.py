@@ -1,0 +1,192 @@
+"""Trainer ranks: tokens/s per rank, scaling N ranks vs 1, micro-batch and packing overhead, and
+the weight publish against one memcpy of the same bytes, all measured in the same run.
+
+    python scripts/bench_trainer.py [--ranks 1,2] [--rounds 5] [--steps 4] [--device cpu|cuda]
+
+Each configuration spawns its ranks as the supervisor does (spawn, a gloo or NCCL process group from
+MASTER_ADDR/PORT, FSDP2 for N > 1, `orchestrator.backends.torch_trainer.TorchTrainer`) and trains
+the same synthetic batches (lognormal sequence lengths, half prompt, half answer). Per round it
+times `--steps` train steps after a warm-up step, and one publish: every rank writing its shards into
+a real `shm.weights.WeightBuffer` (`sharding.publish_together`), against a numpy copy of the same
+bytes on rank 0 (the baseline). The table prints medians with the spread (min-max) over rounds:
+tokens/s, tokens/s per rank, the ratio to 1 rank with the same split, the ratio to the same ranks
+with one pass per rank (micro-batch overhead) and to padded passes (packing), publish / memcpy.
+On a GPU it also prints model FLOPs utilisation (6 x parameters x tokens / time / peak).
+CPU ranks each get `--threads` intra-op threads, so N ranks use N x threads cores.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}   # dense bf16 FLOP/s
+
+
+def _batch(seed: int, n: int, mean_len: int, vocab: int):
+    from shm.codec import Sequences
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.lognormal(np.log(mean_len), 0.5, n).astype(np.int64), 4, 4 * mean_len)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    total = int(offsets[-1])
+    mask = np.zeros(total, np.uint8)
+    for i in range(n):
+        mask[offsets[i] + lens[i] // 2:offsets[i + 1]] = 1
+    return Sequences(kind=1, ident=1, version=0, offsets=offsets,
+                     prompt_lens=(lens // 2).astype(np.int32), prompt_ids=np.arange(n),
+                     tokens=rng.integers(3, vocab, total).astype(np.int32),
+                     logprobs=np.full(total, -3.0, np.float32), versions=np.zeros(total, np.int32),
+                     loss_mask=mask, rewards=np.zeros(n, np.float32),
+                     advantages=rng.standard_normal(n).astype(np.float32), scalars=np.zeros(0))
+
+
+def _rank(rank, world, port, args, case, wname, out):
+    import torch
+    from orchestrator.backends.sharding import RankGroup, publish_together
+    from orchestrator.backends.torch_trainer import TorchTrainer
+    from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
+    from shm.weights import WeightBuffer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    if args.device == "cuda":
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    actor = ActorConfig(backend="torch", threads=args.threads, num_ranks=world,
+                        sharding="fsdp" if world > 1 else "none", ppo_epochs=1,
+                        micro_batch_tokens=case["budget"], pack_sequences=case["packed"],
+                        param_dtype="bfloat16" if args.device == "cuda" else None)
+    group = RankGroup.from_env(actor, device) if world > 1 else None
+    model = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                        max_seq_len=8 * args.mean_len,
+                        dtype="bfloat16" if args.device == "cuda" else "float32")
+    tr = TorchTrainer(model, actor, TaskConfig(name="copy2"), seed=0, device=device, group=group)
+    vocab = len(tr.tokens.tokenizer)
+    batches = [_batch(s, args.seqs, args.mean_len, vocab) for s in range(args.steps + 1)]
+    tokens = sum(b.T for b in batches[1:])
+    wbuf = WeightBuffer.attach(wname)
+    nbytes = tr.weight_nbytes()
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    rounds = []
+    for r in range(args.rounds + 1):
+        tr.train_step(batches[0])                        # warm-up (first round: allocation)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if group:
+            group.barrier()
+        t0 = time.perf_counter()
+        for b in batches[1:]:
+            tr.train_step(b)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        train_s = time.perf_counter() - t0
+        if group:
+            group.barrier()
+        t0 = time.perf_counter()
+        publish_together(wbuf, tr.write_weights, group, nbytes, r)
+        publish_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        copy_s = time.perf_counter() - t0
+        if r:                                            # round 0 is a warm-up
+            rounds.append((tokens / train_s, publish_s, copy_s))
+    if rank == 0:
+        params = sum(s.numel for s in tr.layout.slots)     # the full model, sharded or not
+        np.save(out, np.array([[*x, params] for x in rounds]))
+    wbuf.close()
+    tr.close()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_case(args, world: int, case: dict, tmp: str):
+    import torch.multiprocessing as mp
+    from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: F401  (import cost once)
+    from orchestrator.config import ModelConfig
+    from orchestrator.model import build_tokenizer, flat_layout, build_model
+    from shm.weights import WeightBuffer
+
+    mc = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                     max_seq_len=8 * args.mean_len)
+    nbytes = flat_layout(build_model(mc, len(build_tokenizer()), 0)).nbytes
+    wname = f"arl_benchtr{os.getpid()}_{world}"
+    wbuf = WeightBuffer.create(wname, nbytes)
+    out = os.path.join(tmp, f"r{world}.npy")
+    try:
+        mp.start_processes(_rank, args=(world, _port(), args, case, wname, out), nprocs=world,
+                           start_method="spawn", join=True)
+    finally:
+        wbuf.close()
+        wbuf.unlink()
+    return np.load(out)
+
+
+def _med(xs) -> tuple[float, float, float]:
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=3, help="timed train steps per round")
+    ap.add_argument("--seqs", type=int, default=64, help="sequences per batch")
+    ap.add_argument("--mean-len", type=int, default=48, help="mean sequence length (lognormal)")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=1024, help="micro_batch_tokens of the split cases")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per CPU rank")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    args = ap.parse_args(argv)
+    cases = {"one pass": {"budget": None, "packed": False},
+             f"micro {args.budget}": {"budget": args.budget, "packed": False},
+             f"packed {args.budget}": {"budget": args.budget, "packed": True}}
+    peak = None
+    if args.device == "cuda":
+        import torch
+        name = torch.cuda.get_device_name(0)
+        peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    print(f"model hidden {args.hidden} x {args.layers} layers; {args.seqs} sequences of ~{args.mean_len} "
+          f"tokens per batch; {args.rounds} rounds of {args.steps} steps; device {args.device}")
+    print(f"{'ranks':>5s} {'split':>12s} {'tokens/s':>9s} {'(min-max)':>17s} {'per rank':>9s} "
+          f"{'vs 1 rank':>9s} {'vs 1 pass':>9s} {'vs padded':>9s} {'publish/memcpy':>15s}"
+          + (f" {'MFU':>6s}" if peak else ""))
+    base: dict = {}
+    with tempfile.TemporaryDirectory(prefix="arl-bench-trainer-") as tmp:
+        for world in (int(x) for x in args.ranks.split(",")):
+            for label, case in cases.items():
+                res = run_case(args, world, case, tmp)
+                tps, lo, hi = _med(res[:, 0])
+                pub = statistics.median(res[:, 1] / res[:, 2])
+                base.setdefault(label, tps) if world == 1 else None
+                one = f"{tps / base[label]:9.2f}" if label in base else f"{'-':>9s}"
+                first = base.get((world, "one pass"))
+                if label == "one pass":
+                    base[(world, label)] = tps
+                    first = tps
+                padded = base.get((world, f"micro {args.budget}"))
+                if label.startswith("micro"):
+                    base[(world, label)] = tps
+                vs_pad = f"{tps / padded:9.2f}" if label.startswith("packed") and padded else f"{'-':>9s}"
+                mfu = f" {6 * res[0, 3] * tps / peak:6.1%}" if peak else ""
+                print(f"{world:5d} {label:>12s} {tps:9.0f} {f'({lo:.0f}-{hi:.0f})':>17s} "
+                      f"{tps / world:9.0f} {one} {tps / first:9.2f} {vs_pad} {pub:15.2f}{mfu}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
