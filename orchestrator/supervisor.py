@@ -1,7 +1,9 @@
 """Supervisor: owns every process, shm segment and semaphore of a run, in one place.
 
 `Supervisor(cfg, run_dir).run()` sweeps segments of dead runs, creates every shm object (named
-`arl_<run_id>_*`), spawns the trainer and inference workers (spawn start method, disjoint devices),
+`arl_<run_id>_*`), spawns the trainer ranks (`actor.devices` / `actor.num_ranks`; a free rendezvous
+port and the torch.distributed environment, no torchrun) and the inference workers (spawn start
+method, disjoint devices),
 waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
 the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
 (workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
@@ -17,7 +19,9 @@ thread). Every wait has a timeout.
 Liveness: every worker stamps its heartbeat word (monotonic ms) on each main-loop turn; a ready
 worker silent for longer than its role's `heartbeat_timeout_s` (SIGSTOP, a step that never ends) is
 killed: a hung inference worker is then handled like a dead one (prompts re-dispatched, restart),
-a hung trainer fails the run naming it (exit 1, last checkpoint valid). Signals come through
+a hung trainer fails the run naming it (exit 1, last checkpoint valid). Trainer ranks fail
+together (a rank's death breaks the others' collectives): the run names the cause (`_ranks_failed`,
+`_ranks_hung`) and every rank is killed, so none is left waiting on a collective. Signals come through
 `orchestrator.signals.StopSignals` (installed by launch before anything else): a signal during
 startup or resume recovery stops at the next check with exit 128+signal; workers ignore SIGINT and
 SIGTERM, so one sent to the whole process group drains like one sent to the supervisor.

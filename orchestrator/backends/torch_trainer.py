@@ -1,30 +1,41 @@
-"""Built-in torch trainer backend: PPO / decoupled-PPO steps on columnar batches.
+"""Built-in torch trainer backend: PPO / decoupled-PPO steps on columnar batches, on one rank or
+as one of several (orchestrator.backends.sharding).
 
 Contract (TrainerBackend of base.py):
-- `TorchTrainer(model_cfg, actor_cfg, task_cfg, seed, device, temperature=1.0)` builds the same
-  version-0 model as TorchInference (`build_model(model_cfg, vocab, seed)`) and an Adam optimizer
-  (`actor.lr`). Logprobs are log_softmax(logits / temperature), the distribution inference samples
-  from. On CPU it sets torch's intra-op threads to `actor.threads` (a process-wide setting).
-- `train_step(batch)`: per-sequence `batch.advantages` broadcast to the loss-masked tokens; behaviour
-  logprobs are `batch.logprobs`. With `actor.recompute_logprob`, the logprobs of the current policy
-  are recomputed once before the update (no grad) as the proximal policy. Loss (orchestrator.loss):
+- `TorchTrainer(model_cfg, actor_cfg, task_cfg, seed, device, temperature=1.0, total_steps=1,
+  group=None)` builds the same version-0 model as TorchInference (`build_model(model_cfg, vocab,
+  seed)`), shares it among the ranks of `group` (FSDP2 or DDP, `sharding.share`) and builds an Adam
+  optimizer (`actor.lr`) over what this rank holds. Logprobs are log_softmax(logits / temperature),
+  the distribution inference samples from. On CPU it sets torch's intra-op threads to
+  `actor.threads` (a process-wide setting).
+- `train_step(batch)`: every rank calls it with the whole batch and trains its share: sequences are
+  dealt to ranks by tokens and cut into micro-batches of `actor.micro_batch_tokens`
+  (orchestrator.backends.microbatch; padded, or packed into one row with `actor.pack_sequences`).
+  Per-sequence `batch.advantages` are broadcast to the loss-masked tokens; behaviour logprobs are
+  `batch.logprobs`. With `actor.recompute_logprob`, the logprobs of the current policy are
+  recomputed once before the update (no grad) as the proximal policy. Loss (orchestrator.loss):
   decoupled objective when `actor.use_decoupled_loss`; otherwise the standard clip against the
   recomputed logprobs when recomputing (AReaL's choice), else against the behaviour logprobs. Then
-  `actor.ppo_epochs` full-batch passes of (PPO loss - `actor.entropy_coef` x mean entropy of the
-  loss-masked tokens), each: backward, clip grad norm to `actor.max_grad_norm`, Adam step. A batch
-  with no loss-masked token, or only zero advantages and no entropy bonus, is skipped: no update, stats
-  with loss 0 and skipped 1. Stats are python floats: loss, clip_frac, imp_weight_mean,
-  behav_capped_frac, approx_kl, grad_norm, tokens, sequences, skipped, steps (updates so far), and
-  when recomputing: logprob_diff_mean / logprob_diff_max / logprob_diff_tokens, the |recomputed -
-  behaviour| logprob over loss-masked tokens sampled at `batch.version` (the weights the trainer
-  holds): inference and trainer disagreeing on the same weights (a silent weight-load bug, a
-  kernel or dtype mismatch) shows here.
-- `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.model.
-- `save(dir)` / `load(dir)`: `hf/` (an HF model directory: config, generation config, safetensors
-  weights, tokenizer files; what `AutoModelForCausalLM.from_pretrained` and vLLM load as is, and what
-  `load` reads the weights back from) and `optimizer.pt` (Adam state, step count, RNG states). The
-  checkpoint commit fsyncs and checksums them; `load` also reads the `model.safetensors` of older
-  checkpoints.
+  `actor.ppo_epochs` passes over the batch of (PPO loss - `actor.entropy_coef` x mean entropy of the
+  loss-masked tokens), each: backward per micro-batch (gradients accumulate; each micro-batch's
+  mean is weighted by its share of the batch's loss-masked tokens, so the loss is the per-token mean
+  over the whole batch whatever the split), clip grad norm to `actor.max_grad_norm`, Adam step. A
+  batch with no loss-masked token, or only zero advantages and no entropy bonus, is skipped (on
+  every rank alike): no update, stats with loss 0 and skipped 1. Stats (summed over ranks) are
+  python floats: loss, clip_frac, imp_weight_mean, behav_capped_frac, approx_kl, grad_norm, tokens,
+  sequences, skipped, steps (updates so far), and when recomputing: logprob_diff_mean /
+  logprob_diff_max / logprob_diff_tokens, the |recomputed - behaviour| logprob over loss-masked
+  tokens sampled at `batch.version` (the weights the trainer holds): inference and trainer
+  disagreeing on the same weights (a silent weight-load bug, a kernel or dtype mismatch) shows here.
+- `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.model; each rank writes
+  its own part (`sharding.shard_writes`). `write_weights_tensor(buf)`: the whole layout into rank 0's
+  GPU buffer (the CUDA IPC path; a gather every rank joins).
+- `save(dir)` / `load(dir)`: one rank: `hf/` (an HF model directory: config, generation config,
+  safetensors weights, tokenizer files; what `AutoModelForCausalLM.from_pretrained` and vLLM load as
+  is, and what `load` reads the weights back from) and `optimizer.pt` (Adam state, step count, RNG
+  states); `load` also reads the `model.safetensors` of older checkpoints. Ranks (a collective):
+  `dcp/`, `hf/` from rank 0, `trainer_state.pt` and `ranks.json` (see `save`); `load` refuses a
+  checkpoint of another world size or sharding. The checkpoint commit fsyncs and checksums them.
 """
 from __future__ import annotations
 
@@ -142,10 +153,8 @@ class TorchTrainer:
                           rewards=np.zeros(2, np.float32), advantages=np.zeros(2, np.float32),
                           scalars=np.zeros(0))
         self.model.eval()
-        as_tensors = {k: torch.from_numpy(v).to(self.device) for k, v in
-                      pack_batch(probe, self.pad_id, [0, 1]).items()}
-        packed = token_logprobs(self.model, as_tensors, self.temperature)[0]
-        padded = token_logprobs(self.model, self._tensors(probe), self.temperature)
+        packed = token_logprobs(self.model, self._tensors(probe, [0, 1]), self.temperature)[0]
+        padded = token_logprobs(self.model, self._tensors(probe), self.temperature)   # rows None
         self._forward_done()
         got = torch.cat([packed[1:5], packed[6:8]]).float().cpu()   # not the sequences' first tokens
         want = torch.cat([padded[0, 1:5], padded[1, 1:3]]).float().cpu()

@@ -64,6 +64,14 @@ CASES = [
     ("actor-empty", None, ["actor.device=''"], ["actor.device"]),
     ("device-absent", None, ["inference.devices=['4096']"], ["inference.devices", "does not exist"]),
     ("actor-absent", None, ["actor.device=4096"], ["actor.device", "does not exist"]),
+    ("ranks-absent", None, ["actor.devices=['4094','4095']"], ["actor.devices", "does not exist"]),
+    ("ranks-overlap", None, ["inference.devices=['0']", "actor.devices=['0','1']"],
+     ["actor.devices", "overlaps inference.devices"]),
+    ("ranks-twice", None, ["actor.devices=['1','1']"], ["actor.devices", "twice"]),
+    ("ranks-too-many", None, ["actor.num_ranks=65"], ["actor.num_ranks"]),
+    ("ranks-cpu-threads", None, [f"actor.num_ranks={8 * CPUS + 1}", "actor.threads=1"]
+     if 8 * CPUS + 1 <= 64 else ["actor.num_ranks=64", f"actor.threads={CPUS}"],
+     ["actor.num_ranks", "CPU"]),
     ("sim-devices", None, [*SIM, "inference.devices=['0']"], ["inference.devices", "sim"]),
     ("sim-actor-device", None, [*SIM, "actor.device='0'"], ["actor.device", "sim"]),
     # beyond the machine's shared memory / the cap on one record

@@ -106,11 +106,13 @@ def reference():
     return single({})
 
 
-@pytest.mark.parametrize("budget,packed", [(None, False), (40, False), (1, False), (None, True),
-                                           (30, True)])
-def test_micro_batches_change_nothing(reference, budget, packed):
-    got = single({"micro_batch_tokens": budget, "pack_sequences": packed})
-    assert_same(reference, got, f"1 rank, budget {budget}, packed {packed}")
+@pytest.mark.parametrize("budget,packed,ckpt", [(None, False, False), (40, False, False),
+                                                (1, False, False), (None, True, False),
+                                                (30, True, False), (40, False, True)])
+def test_micro_batches_change_nothing(reference, budget, packed, ckpt):
+    got = single({"micro_batch_tokens": budget, "pack_sequences": packed,
+                  "activation_checkpointing": ckpt})
+    assert_same(reference, got, f"1 rank, budget {budget}, packed {packed}, checkpointing {ckpt}")
 
 
 @pytest.mark.parametrize("sharding,budget,packed", [("fsdp", None, False), ("fsdp", 30, False),
