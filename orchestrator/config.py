@@ -419,6 +419,11 @@ class RolloutConfig(_Section):
     max_head_offpolicyness: int = Field(2, ge=0, le=MAX_STEPS, description="S: max versions between "
                                         "the oldest token and the trainer (<= 99,999,999, the bound of "
                                         "run.total_steps: beyond it the gate never binds)")
+    max_observed_offpolicyness: Optional[int] = Field(
+        None, ge=0, le=MAX_STEPS, description="hard bound (>= max_head_offpolicyness) on the head age "
+        "of every trained token, on top of the gate: a rollout in flight that can no longer meet it is aborted and its prompt "
+        "re-admitted (a rejection), a finished one that would be trained older is dropped and "
+        "re-admitted; the step lines count both and the tokens wasted (None: off)")
     consumer_batch_size: int = Field(8, ge=1, le=65536, description="B: rollouts (prompt groups) per "
                                      "training batch (<= 65536; preflight sizes the batch ring from it)")
     max_concurrent_rollouts: Optional[int] = Field(None, ge=1, le=MAX_COUNT, description="C: in-flight "
@@ -434,6 +439,15 @@ class RolloutConfig(_Section):
     @property
     def concurrency(self) -> int:
         return self.max_concurrent_rollouts or self.consumer_batch_size
+
+    @model_validator(mode="after")
+    def _bound_above_gate(self) -> "RolloutConfig":
+        m, s = self.max_observed_offpolicyness, self.max_head_offpolicyness
+        if m is not None and m < s:
+            raise ValueError(f"max_observed_offpolicyness={m} is below max_head_offpolicyness={s}: "
+                             f"the gate admits rollouts S versions ahead by design, so most would be "
+                             f"aborted; lower S instead (the hard bound caps the tail above S)")
+        return self
 
 
 class EvalConfig(_Section):

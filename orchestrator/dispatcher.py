@@ -70,6 +70,14 @@ class Dispatcher:
             self.out_queue.append(item)
         return entry[1]
 
+    def cancel(self, request_id: int) -> Optional[tuple[int, messages.Generate]]:
+        """Forget an in-flight request (the caller aborts it on its worker): (worker, message), or
+        None when it is not in flight."""
+        entry = self.inflight.pop(request_id, None)
+        if entry is not None:
+            self.load[entry[0]] -= 1
+        return entry
+
     def out_queue_full(self) -> bool:
         return len(self.out_queue) >= self.queue_size
 

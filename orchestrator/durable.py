@@ -100,7 +100,7 @@ def write_record(path: str, payload, durable: bool = True, compress: int = 0) ->
     level (1-22) to store the payload compressed; 0 stores it as is."""
     if compress:
         import zstandard
-        payload = zstandard.ZstdCompressor(level=compress).compress(payload)
+        payload = zstandard.ZstdCompressor(level=compress, threads=-1).compress(payload)  # all cores
         _replace(path, (record_header(payload, MAGIC_ZSTD), payload), durable)
     else:
         _replace(path, (record_header(payload), payload), durable)

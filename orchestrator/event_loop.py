@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from orchestrator import checkpoint, messages
+from orchestrator.age_bound import AgeBound
 from orchestrator.channels import episode_tokens, recv, send
 from orchestrator.config import Config
 from orchestrator.durable import sync_files, write_record
@@ -32,7 +33,7 @@ from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
 from orchestrator.metrics import MetricsLog
 from orchestrator.prompts import PromptCursor
-from orchestrator.stamp import age_summary, head_ages, stamp, token_ages
+from orchestrator.stamp import age_summary, sequence_stamps, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink
 from orchestrator.validate import check_rollout
 from orchestrator.watcher import WeightWatcher
@@ -58,7 +59,7 @@ def check_mismatch(step: int, stats: dict, limit) -> None:
 @dataclass
 class Parked:
     step: int
-    record: bytes
+    record: bytearray
     info: BatchInfo
     since: float
 
@@ -97,6 +98,8 @@ class EventLoop:
         self.lines_written = start_step           # last step whose step line is written
         self.unsynced: list[str] = []             # batch files not fsynced yet (synced at commit)
         self.redispatched: set[int] = set()       # request ids put back after a worker died
+        m = r.max_observed_offpolicyness          # the hard age bound (None: the gate alone)
+        self.bound = AgeBound(m, len(res.inference_req), start_step) if m is not None else None
         self.last_ckpt = start_step
         self.batches_pruned = 0                   # batch files of steps <= this are deleted
         self.abort = False
@@ -145,6 +148,8 @@ class EventLoop:
     def worker_lost(self, i: int) -> None:
         """An inference worker died: its in-flight prompts go back to the front of the in-queue."""
         for m in self.dispatcher.mark_dead(i):
+            if self.bound is not None:
+                self.bound.forget(m.request_id)
             if not m.eval:
                 self.gate.on_aborted()
                 self.gate.on_enqueued()
@@ -160,13 +165,20 @@ class EventLoop:
 
     def _revive(self, i: int) -> None:
         """A restarted worker is ready: load the latest published weights first, then serve."""
-        if self.res.weights.latest_version() >= 0 or self.counter.get() > 0:
-            send(self.dispatcher.rings[i], messages.LoadWeights(version=self.counter.get()))
+        version = self.counter.get()
+        if self.res.weights.latest_version() >= 0 or version > 0:
+            send(self.dispatcher.rings[i], messages.LoadWeights(version=version))
+        if self.bound is not None:            # a fresh process serves from exactly this version
+            self.bound.restarted(i, version)
         self.dispatcher.live[i] = True
         log.info("inference worker %d back in rotation", i)
 
     def _on_rollout(self, raw) -> None:
         group = decode(raw)
+        if self.bound is not None:
+            if self.bound.late_result(group):       # aborted by the bound: its prompt is redone
+                return
+            self.bound.forget(group.ident)
         entry = self.dispatcher.inflight.get(group.ident)
         if entry is None:
             log.warning("dropping rollout for unknown request %d", group.ident)
@@ -200,6 +212,8 @@ class EventLoop:
         for m in self.dispatcher.pump():
             if not m.eval:
                 self.gate.on_submitted()
+                if self.bound is not None:
+                    self.bound.dispatched(m.request_id, self.dispatcher.inflight[m.request_id][0])
                 if m.request_id in self.redispatched:
                     self.redispatched.discard(m.request_id)
                 else:
@@ -215,6 +229,8 @@ class EventLoop:
             return n
         r = self.cfg.rollout
         while not self.dispatcher.in_queue and not self.dispatcher.paused:
+            if self.bound is not None and not self.bound.can_start(self.built, self.live_workers()):
+                break
             s = self.gate.stats()
             needed = self.target_accepted - (s["accepted"] + s["running"] + s["enqueued"])
             if needed <= 0 or self.gate.capacity() <= 0:
@@ -255,10 +271,14 @@ class EventLoop:
                     self.metrics.write(**summary)
                 continue
             self.sink.add(group)
-        while self.sink.ready() and self.built < self.cfg.run.total_steps:
+        while True:
+            if self.bound is not None:
+                self._enforce_bound()
+            if not (self.sink.ready() and self.built < self.cfg.run.total_steps):
+                break
             step = self.built + 1
             batch, info = self.sink.take_batch(step, version=step - 1)
-            record = bytes(encode(batch))
+            record = encode(batch)         # persisted, then shipped as is (never mutated)
             path = os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec")
             write_record(path, record, durable=False, compress=self.cfg.run.batch_compression)
             self.unsynced.append(path)
@@ -266,6 +286,32 @@ class EventLoop:
             self.built = step
             n += 1
         return n
+
+    def _enforce_bound(self) -> None:
+        """The next batch trains at version `built`: abort the rollouts in flight that can no longer
+        meet the hard bound and drop finished ones that would be trained too old; their prompts
+        are admitted again (orchestrator.age_bound)."""
+        version = self.built
+        for rid in self.bound.doomed(version):
+            entry = self.dispatcher.cancel(rid)
+            if entry is not None:
+                send(self.dispatcher.rings[entry[0]], messages.Abort(request_id=rid), timeout=10.0)
+            self.gate.on_rejected()
+            self._readmit(rid)
+        keep = []
+        for g in self.sink.pending:
+            if self.bound.too_old(g, version):
+                self.gate.on_dropped()
+                self._readmit(g.ident)
+            else:
+                keep.append(g)
+        self.sink.pending = keep
+
+    def _readmit(self, request_id: int) -> None:
+        self.redispatched.discard(request_id)
+        index = self.request_index.pop(request_id, None)
+        if index is not None:
+            self.cursor.redo.append(index)
 
     def ship(self) -> bool:
         if self.outstanding is not None or not self.parked or self.pending_ckpt:
@@ -334,8 +380,8 @@ class EventLoop:
 
     def _write_step(self, info: BatchInfo, done: messages.StepDone, parked: float) -> None:
         c = info.consumed
-        stamps = [stamp(c.versions[c.seq(i)], c.loss_mask[c.seq(i)]) for i in range(c.n)]
-        ages = age_summary(head_ages(info.version, stamps))
+        heads, tails, live = sequence_stamps(c.offsets, c.versions, c.loss_mask)
+        ages = age_summary(info.version - heads[live])
         tokens = age_summary(token_ages(info.version, c.versions, c.loss_mask))
         first_after_resume = self.resumed and done.step == self.start_step + 1
         bound = (self.cfg.rollout.max_head_offpolicyness + 1) * self.cfg.rollout.consumer_batch_size
@@ -352,8 +398,9 @@ class EventLoop:
             loss=done.stats.get("loss"), **{k: done.stats.get(k) for k in MISMATCH},
             resumed=first_after_resume,
             train_s=done.train_s, groups=info.groups,
-            spanning=sum(1 for st in stamps if st is not None and st.spans_versions),
-            not_live=sum(1 for st in stamps if st is None), **info.episode,
+            spanning=int((live & (heads != tails)).sum()), not_live=int((~live).sum()),
+            **info.episode,
+            **(self.bound.take_counts() if self.bound is not None else {}),
             **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})
         self.admitted_since_step = 0
         self.lines_written = done.step
@@ -367,6 +414,8 @@ class EventLoop:
             if self.cfg.weights.pause_during_sync:
                 self.dispatcher.pause()
             self.dispatcher.broadcast(messages.LoadWeights(version=target))
+            if self.bound is not None:
+                self.bound.weights_sent(self.live_workers(), target)
             if self.watcher.target is None:      # committed at once (no live workers)
                 self._on_synced()
 

@@ -61,6 +61,13 @@ class StalenessGate:
             self._running -= 1
             self._rejected += 1
 
+    def on_dropped(self) -> None:
+        """A finished (accepted) rollout is dropped before training and its prompt re-admitted (the
+        hard age bound): counted as a rejection, so it frees staleness capacity."""
+        with self._lock:
+            self._accepted -= 1
+            self._rejected += 1
+
     def on_aborted(self) -> None:
         """A running rollout was lost (worker died) and will be re-dispatched: running -1 only."""
         with self._lock:

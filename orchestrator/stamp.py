@@ -36,16 +36,39 @@ def stamp(versions: np.ndarray, loss_mask: np.ndarray) -> Optional[Stamp]:
     return Stamp(head=int(v.min()), tail=int(v.max()), rle=rle)
 
 
+def group_head(versions: np.ndarray, loss_mask: np.ndarray) -> Optional[int]:
+    """Oldest version among the loss-masked live tokens of a record (a whole rollout group), or None
+    when it has none: the head the hard age bound (rollout.max_observed_offpolicyness) judges."""
+    v = versions[loss_mask.astype(bool)]
+    v = v[v >= 0]
+    return int(v.min()) if v.size else None
+
+
 def token_ages(train_version: int, versions: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """Per-token ages (reported as token_age_*, never as the head age): ages (train_version - token version) of the loss-masked live tokens of a batch."""
     m = loss_mask.astype(bool) & (versions >= 0)
     return (train_version - versions[m]).astype(np.int64)
 
 
-def head_ages(train_version: int, stamps) -> np.ndarray:
-    """Age of each live sequence's head (train_version - oldest loss-masked version); sequences
-    without a stamp (not live) are left out. The reported age statistics are over these."""
-    return np.array([train_version - st.head for st in stamps if st is not None], np.int64)
+def sequence_stamps(offsets: np.ndarray, versions: np.ndarray,
+                    loss_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every sequence of a batch in one vectorised pass: (heads, tails, live), where live[i] is
+    whether sequence i has a stamp (`stamp(...) is not None`) and heads/tails are its stamp's head
+    and tail where it does. The step line's head ages are train_version - heads[live]."""
+    offsets = np.asarray(offsets, np.int64)
+    n = len(offsets) - 1
+    if n <= 0 or not len(versions):
+        return np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    m = np.asarray(loss_mask).astype(bool)
+    v = np.asarray(versions, np.int64)
+    big = np.iinfo(np.int64).max
+    starts = np.minimum(offsets[:-1], len(v) - 1)        # reduceat needs in-range starts
+    heads = np.minimum.reduceat(np.where(m, v, big), starts)
+    tails = np.maximum.reduceat(np.where(m, v, -big), starts)
+    cum = np.concatenate(([0], np.cumsum(m)))
+    masked = cum[offsets[1:]] - cum[offsets[:-1]]
+    live = (masked > 0) & (heads >= 0)
+    return heads, tails, live
 
 
 def age_summary(ages: np.ndarray) -> dict[str, Optional[float]]:

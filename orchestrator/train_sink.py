@@ -13,7 +13,8 @@ rollouts rejected by the append rule.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,8 +71,12 @@ class TrainSink:
                     continue
                 keep.append(g)
                 advs.append(_normalise(r) if g.n > 1 else np.zeros(1, np.float32))
-        batch = concat(keep, kind=BATCH_KIND, ident=step, version=version)
-        batch.advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
+        advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
+        if len(keep) == len(groups):     # nothing filtered: the same columns, no second copy
+            batch = replace(consumed, advantages=advantages)
+        else:
+            batch = concat(keep, kind=BATCH_KIND, ident=step, version=version)
+            batch.advantages = advantages
         cum = np.concatenate(([0], np.cumsum(batch.loss_mask, dtype=np.int64)))
         per_seq = cum[batch.offsets[1:]] - cum[batch.offsets[:-1]]      # loss-masked tokens per sample
         info = BatchInfo(step=step, version=version, groups=len(groups),

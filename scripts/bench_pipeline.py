@@ -2,6 +2,7 @@
 
     python scripts/bench_pipeline.py [--steps 40] [--latency 0.05] [--step-time 0.05] [--backend sim]
     python scripts/bench_pipeline.py --backend multiturn [--tool-latency 0.05] [--tool-sigma 1.0]
+    python scripts/bench_pipeline.py --sigma 1.5 --bound 3       # a long tail, with the hard bound
 
 Runs the real supervisor twice per round, alternating: `max_head_offpolicyness=0` (the synchronous
 baseline: generation and training take turns) and `max_head_offpolicyness=S` (asynchronous), with
@@ -11,6 +12,10 @@ observed ages. With the `sim` backends the work is sleeps, so the ratio measures
 `--backend multiturn` runs the multi-turn tool job (configs/multiturn.yaml: the tiny model, the
 `lookup` environment) with a long-tailed tool latency (lognormal, mean `--tool-latency`, sigma
 `--tool-sigma`): episodes of two model turns around a tool call whose wait varies per episode.
+`--sigma X` makes the sim rollout latency lognormal (mean `--latency`, sigma X: a long tail).
+`--bound M` adds a third mode, the same S with the hard age bound
+`rollout.max_observed_offpolicyness=M`, and prints its throughput against the gate alone with the
+rollouts it aborted in flight, the finished ones it dropped and the tokens they wasted.
 """
 from __future__ import annotations
 
@@ -26,10 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_once(S: int, args, run_dir: str) -> dict:
+def run_once(S: int, args, run_dir: str, bound=None) -> dict:
     if args.backend == "sim":
         cfg = "configs/sim.yaml"
         extra = [f"inference.sim.latency_s={args.latency}", f"actor.sim.step_time_s={args.step_time}"]
+        if args.sigma is not None:
+            extra += ["inference.sim.latency=lognormal", f"inference.sim.lognormal_sigma={args.sigma}"]
     elif args.backend == "multiturn":
         cfg = "configs/multiturn.yaml"
         extra = ["eval.every_steps=0", "run.checkpoint_every=0",
@@ -40,6 +47,8 @@ def run_once(S: int, args, run_dir: str) -> dict:
     cmd = [sys.executable, "-m", "orchestrator.launch", "--config", cfg, f"run.dir={run_dir}",
            "run.resume=never", "run.progress=false", f"run.total_steps={args.steps}",
            f"rollout.max_head_offpolicyness={S}", *extra]
+    if bound is not None:
+        cmd.append(f"rollout.max_observed_offpolicyness={bound}")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"run failed (S={S}): {out.stderr.strip().splitlines()[-1]}")
@@ -50,7 +59,8 @@ def run_once(S: int, args, run_dir: str) -> dict:
     train = sum(r["train_s"] for r in warm[1:])
     return {"steps_per_s": (len(warm) - 1) / span, "trainer_busy": train / span,
             "age_max": max(r["age_max"] for r in steps), "age_p99": max(r["age_p99"] for r in steps),
-            "age_mean": statistics.mean(r["age_mean"] for r in steps)}
+            "age_mean": statistics.mean(r["age_mean"] for r in steps),
+            **{k: sum(r.get(k, 0) for r in steps) for k in ("aborted", "dropped", "wasted_tokens")}}
 
 
 def main(argv=None) -> int:
@@ -63,26 +73,37 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=["sim", "torch", "multiturn"], default="sim")
     ap.add_argument("--tool-latency", type=float, default=0.05, help="multiturn: mean tool latency (s)")
     ap.add_argument("--tool-sigma", type=float, default=1.0, help="multiturn: lognormal sigma of it")
+    ap.add_argument("--sigma", type=float, default=None, help="sim: lognormal rollout latency sigma")
+    ap.add_argument("--bound", type=int, default=None, help="also run the hard age bound M")
     args = ap.parse_args(argv)
-    res = {0: [], args.staleness: []}
+    S = args.staleness
+    modes = {"sync": (0, None), "async": (S, None)}
+    if args.bound is not None:
+        modes["bound"] = (S, args.bound)
+    res = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):                 # interleaved: noise hits both alike
-            for S in res:
-                res[S].append(run_once(S, args, os.path.join(tmp, f"S{S}_{r}")))
-    sync, asyn = res[0], res[args.staleness]
+        for r in range(args.rounds):                 # interleaved: noise hits every mode alike
+            for m, (s, bound) in modes.items():
+                res[m].append(run_once(s, args, os.path.join(tmp, f"{m}_{r}"), bound))
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
-    ratio = med(asyn, "steps_per_s") / med(sync, "steps_per_s")
+    ratio = med(res["async"], "steps_per_s") / med(res["sync"], "steps_per_s")
     workload = (f"tool latency {args.tool_latency}s, sigma {args.tool_sigma}" if args.backend == "multiturn"
-                else f"latency {args.latency}s, step {args.step_time}s")
+                else f"latency {args.latency}s{f' lognormal sigma {args.sigma}' if args.sigma else ''}, "
+                     f"step {args.step_time}s")
     print(f"bench_pipeline: backend {args.backend}, {args.steps} steps x {args.rounds} rounds, {workload}")
     print(f"{'mode':14s} {'steps/s':>9s} {'(min-max)':>13s} {'trainer busy':>13s} {'age max':>8s} "
-          f"{'age p99':>8s} {'age mean':>9s}")
-    for name, xs in (("sync (S=0)", sync), (f"async (S={args.staleness})", asyn)):
+          f"{'age p99':>8s} {'age mean':>9s} {'aborted':>8s} {'dropped':>8s} {'wasted tok':>11s}")
+    names = {"sync": "sync (S=0)", "async": f"async (S={S})", "bound": f"bound (M={args.bound})"}
+    for m, xs in res.items():
         rates = [x["steps_per_s"] for x in xs]
-        print(f"{name:14s} {med(xs, 'steps_per_s'):9.2f} {f'({min(rates):.2f}-{max(rates):.2f})':>13s} "
+        print(f"{names[m]:14s} {med(xs, 'steps_per_s'):9.2f} {f'({min(rates):.2f}-{max(rates):.2f})':>13s} "
               f"{med(xs, 'trainer_busy'):13.2f} {max(x['age_max'] for x in xs):8d} "
-              f"{max(x['age_p99'] for x in xs):8.1f} {med(xs, 'age_mean'):9.2f}")
+              f"{max(x['age_p99'] for x in xs):8.1f} {med(xs, 'age_mean'):9.2f} "
+              f"{med(xs, 'aborted'):8.0f} {med(xs, 'dropped'):8.0f} {med(xs, 'wasted_tokens'):11.0f}")
     print(f"async / sync throughput: {ratio:.2f}x (median of {args.rounds} rounds)")
+    if "bound" in res:
+        b = med(res["bound"], "steps_per_s") / med(res["async"], "steps_per_s")
+        print(f"bound / gate alone throughput: {b:.2f}x (median of {args.rounds} rounds)")
     return 0
 
 

@@ -114,7 +114,6 @@ def _port() -> int:
 
 def run_case(args, world: int, case: dict, tmp: str):
     import torch.multiprocessing as mp
-    from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: F401  (import cost once)
     from orchestrator.config import ModelConfig
     from orchestrator.model import build_tokenizer, flat_layout, build_model
     from shm.weights import WeightBuffer

@@ -20,8 +20,21 @@ def test_bench_pipeline_reports_sync_and_async(workload):
     out = subprocess.run([sys.executable, "scripts/bench_pipeline.py", "--rounds", "1", "--steps", "12",
                           *workload], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if "(S=" in l}
+    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if "(S=" in l or "(M=" in l}
     assert set(rows) == {"sync", "async"}
     assert rows["sync"][5] == "0" and rows["sync"][6] == "0.0"      # age max, p99 with S=0
     assert int(rows["async"][5]) >= 0
     assert "async / sync throughput:" in out.stdout
+
+
+def test_bench_pipeline_long_tail_with_the_hard_bound():
+    """A lognormal long tail with the hard bound as a third mode: its row never shows an age above
+    M, and the bench prints its throughput against the gate alone."""
+    out = subprocess.run([sys.executable, "scripts/bench_pipeline.py", "--rounds", "1", "--steps", "16",
+                          "--latency", "0.05", "--sigma", "1.5", "--bound", "3"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if "(S=" in l or "(M=" in l}
+    assert set(rows) == {"sync", "async", "bound"}
+    assert int(rows["bound"][5]) <= 3                             # age max
+    assert "bound / gate alone throughput:" in out.stdout and "lognormal sigma 1.5" in out.stdout

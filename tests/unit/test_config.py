@@ -253,3 +253,9 @@ def test_bad_trainer_ranks(overrides, needle):
 def test_sim_trainer_is_one_rank():
     with pytest.raises(ConfigError, match="actor.backend torch"):
         load_config(None, ["actor.backend=sim", "inference.backend=sim", "actor.num_ranks=2"])
+
+
+def test_hard_age_bound_is_at_least_the_gate():
+    assert load_config(None, ["rollout.max_observed_offpolicyness=2"]).rollout.max_observed_offpolicyness == 2
+    with pytest.raises(ConfigError, match="below max_head_offpolicyness"):
+        load_config(None, ["rollout.max_observed_offpolicyness=1"])

@@ -1,0 +1,89 @@
+"""The hard age bound (`rollout.max_observed_offpolicyness` = M): no trained token's head is older
+than M, under any latency distribution. The admission gate bounds how far ahead prompts are
+admitted; it cannot stop a long-tail rollout from finishing many versions later. This does.
+
+Contract (`AgeBound(M, workers, version)`, owned by the event loop, which acts on its answers):
+- Heads of rollouts in flight are bounded from below without asking the workers: a worker handles
+  its ring in order and loads weights synchronously, so every token of a request is sampled at or
+  after the last `LoadWeights(v)` sent on that worker's ring before the request. `weights_sent`
+  records those versions, `dispatched` gives each request its floor.
+- Batch k trains at version k-1, so a rollout that lands in a batch built after step `built` is
+  trained at version >= built. `doomed(built)`: the requests in flight whose floor is below
+  built - M, which can no longer meet the bound: the loop aborts them on their workers and
+  re-admits their prompts (counted as rejections: the gate frees their capacity, AReaL's semantics).
+  `can_start(built, workers)`: admission waits while no live worker's floor could meet the bound
+  (with M below the gate's S, that is what keeps rollouts from being aborted at birth).
+  The floor never exceeds the true head, so no rollout that would violate the bound escapes; one
+  that waited in a worker's queue past a reload may be aborted although it would have met it.
+- `too_old(group, version)`: a finished group whose head (oldest loss-masked live token) is below
+  version - M; the loop drops it before it enters a batch of that version and re-admits its prompt.
+  Groups without live tokens (replayed, external) carry no age and are never dropped.
+- Counters since the last step line: `aborted` (rollouts aborted in flight), `dropped` (finished
+  groups dropped), `wasted_tokens` (loss-masked tokens of dropped groups and of aborted rollouts
+  whose result arrived anyway); `take_counts()` returns and resets them.
+"""
+from __future__ import annotations
+
+from orchestrator.stamp import group_head
+from shm.codec import Sequences
+
+
+class AgeBound:
+    def __init__(self, max_age: int, workers: int, version: int):
+        self.max_age = max_age
+        self.sent = [version] * workers           # last LoadWeights version put on each ring
+        self.floor: dict[int, int] = {}           # request id in flight -> lower bound of its head
+        self.aborted_ids: set[int] = set()        # aborted; a result may still arrive
+        self.aborted = self.dropped = self.wasted_tokens = 0
+
+    def weights_sent(self, workers, version: int) -> None:
+        for w in workers:
+            self.sent[w] = max(self.sent[w], version)
+
+    def restarted(self, worker: int, version: int) -> None:
+        """A restarted worker's process: the version it serves from is exactly `version`."""
+        self.sent[worker] = version
+
+    def dispatched(self, request_id: int, worker: int) -> None:
+        self.floor[request_id] = self.sent[worker]
+
+    def forget(self, request_id: int) -> None:
+        """Not in flight any more (finished, or put back in the queue after its worker died)."""
+        self.floor.pop(request_id, None)
+
+    def can_start(self, built: int, workers) -> bool:
+        """Whether a prompt admitted now could meet the bound on some live worker (its floor would
+        be that ring's last load, and it lands in a batch of version >= built). Admission waits
+        while none could: a rollout doomed at birth would only be aborted."""
+        return any(self.sent[w] >= built - self.max_age for w in workers)
+
+    def doomed(self, built: int) -> list[int]:
+        limit = built - self.max_age
+        out = [rid for rid, f in self.floor.items() if f < limit]
+        for rid in out:
+            del self.floor[rid]
+            self.aborted_ids.add(rid)
+        self.aborted += len(out)
+        return out
+
+    def too_old(self, group: Sequences, version: int) -> bool:
+        head = group_head(group.versions, group.loss_mask)
+        if head is None or version - head <= self.max_age:
+            return False
+        self.dropped += 1
+        self.wasted_tokens += int(group.loss_mask.sum())
+        return True
+
+    def late_result(self, group: Sequences) -> bool:
+        """A result of an aborted request (it finished before the abort reached its worker): its
+        tokens are wasted; the caller discards it."""
+        if group.ident not in self.aborted_ids:
+            return False
+        self.aborted_ids.discard(group.ident)
+        self.wasted_tokens += int(group.loss_mask.sum())
+        return True
+
+    def take_counts(self) -> dict[str, int]:
+        out = {"aborted": self.aborted, "dropped": self.dropped, "wasted_tokens": self.wasted_tokens}
+        self.aborted = self.dropped = self.wasted_tokens = 0
+        return out
