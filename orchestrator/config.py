@@ -177,6 +177,8 @@ class InferenceConfig(_Section):
 
 class SimTrainerConfig(_Section):
     step_time_s: float = Field(0.02, ge=0, le=3600.0, description="fixed time per trainer step (<= 1 h)")
+    save_time_s: float = Field(0.0, ge=0, le=3600.0, description="time writing a checkpoint takes "
+                               "(in the background; <= 1 h)")
     weight_bytes: int = Field(1 << 16, ge=8, le=1 << 40, description="size of the fake weight buffer "
                               "published per step (<= 1 TiB; preflight checks it fits /dev/shm twice)")
 

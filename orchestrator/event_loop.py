@@ -314,7 +314,9 @@ class EventLoop:
             self.cursor.redo.append(index)
 
     def ship(self) -> bool:
-        if self.outstanding is not None or not self.parked or self.pending_ckpt:
+        # a save in progress does not hold the next batch: SaveCheckpoint is on the trainer's control
+        # ring before the batch is put, the trainer snapshots first and writes in the background
+        if self.outstanding is not None or not self.parked:
             return False
         p = self.parked[0]
         if p.step != self.trained + 1:

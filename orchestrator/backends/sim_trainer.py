@@ -36,9 +36,20 @@ class SimTrainer:
         arr = np.frombuffer(out, dtype=np.int64, count=len(out) // 8)
         arr[:] = self.steps
 
+    background_save = True
+
+    def snapshot(self):
+        """The step count now; `write(directory)` writes it later (a background save)."""
+        data = json.dumps({"steps": self.steps}).encode()
+
+        def write(directory: str) -> None:
+            time.sleep(self.cfg.save_time_s)        # a slow disk, simulated
+            os.makedirs(directory, exist_ok=True)
+            atomic_write(os.path.join(directory, "sim_trainer.json"), data)
+        return write
+
     def save(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
-        atomic_write(os.path.join(directory, "sim_trainer.json"), json.dumps({"steps": self.steps}).encode())
+        self.snapshot()(directory)
 
     def load(self, directory: str) -> None:
         with open(os.path.join(directory, "sim_trainer.json")) as f:

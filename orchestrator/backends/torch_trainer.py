@@ -324,18 +324,39 @@ class TorchTrainer:
         write_flat_tensor(self.module, out, self.layout)
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, directory: str) -> None:
-        """One rank: `hf/` + `optimizer.pt`. Ranks (every rank calls it): `dcp/` (each rank its
-        shards), `hf/` exported by rank 0 from the gathered parameters, `trainer_state.pt` and
-        `ranks.json` (world size and sharding: a resume must match them)."""
-        os.makedirs(directory, exist_ok=True)
-        rng = {"rng_cpu": torch.get_rng_state(),
-               "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []}
-        if self.group is None:
-            export_hf(self.module, self.tokens.tokenizer, os.path.join(directory, HF_DIR))
-            state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps, **rng}
+    def _rng(self) -> dict:
+        return {"rng_cpu": torch.get_rng_state(),
+                "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else []}
+
+    @property
+    def background_save(self) -> bool:
+        """One rank: `snapshot()` lets the checkpoint be written while training goes on."""
+        return self.group is None
+
+    def snapshot(self):
+        """One rank: copy what a checkpoint holds now (weights and Adam state to CPU, step count,
+        RNG) and return `write(directory)`, which writes `hf/` + `optimizer.pt` from that copy
+        only: it may run in another thread while the next batches train."""
+        weights = _to_cpu(self.module.state_dict())
+        state = _to_cpu({"optimizer": self.optimizer.state_dict(), "steps": self.steps,
+                         **self._rng()})
+        module, tokenizer = self.module, self.tokens.tokenizer
+
+        def write(directory: str) -> None:
+            os.makedirs(directory, exist_ok=True)
+            export_hf(module, tokenizer, os.path.join(directory, HF_DIR), weights)
             _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
+        return write
+
+    def save(self, directory: str) -> None:
+        """One rank: `hf/` + `optimizer.pt` (`snapshot()` written at once). Ranks (every rank calls
+        it): `dcp/` (each rank its shards), `hf/` exported by rank 0 from the gathered parameters,
+        `trainer_state.pt` and `ranks.json` (world size and sharding: a resume must match them)."""
+        if self.group is None:
+            self.snapshot()(directory)
             return
+        os.makedirs(directory, exist_ok=True)
+        rng = self._rng()
         sharding.save_sharded(directory, self.model, self.optimizer)
         full = sharding.full_state(self.model)
         if self.rank == 0:
@@ -389,6 +410,17 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.group is not None:
             self.group.close()
+
+
+def _to_cpu(tree):
+    """A copy of a state tree with every tensor cloned to CPU (nothing shared with the live one)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_cpu(v) for v in tree)
+    return tree
 
 
 def _ranks(directory: str) -> str:

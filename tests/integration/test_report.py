@@ -102,6 +102,7 @@ def test_torch_run_report(torch_run_dir, torch_report):
 def test_multiturn_run_gets_the_episodes_plot(tmp_path):
     pytest.importorskip("torch")
     out = run(tmp_path / "run", "run.total_steps=12", "run.checkpoint_every=0", "eval.every_steps=0",
+              "metrics.interval_s=0.1",       # a short run still gets ticks (the pipeline plot)
               "run.progress=false", config="configs/multiturn.yaml", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert report(tmp_path / "run", tmp_path / "rep").returncode == 0
