@@ -10,7 +10,7 @@ import pytest
 from tests.integration.lifecycle import run_embedded
 
 
-@pytest.mark.parametrize("ranks", [[], ["actor.num_ranks=2", "actor.micro_batch_tokens=256"]],
+@pytest.mark.parametrize("ranks", [[], ["actor.num_ranks=2"]],
                          ids=["one-rank", "two-ranks"])
 def test_default_job_learns(tmp_path, ranks):
     cfg, recs, steps = run_embedded(tmp_path, timeout=600, overrides=ranks)

@@ -51,6 +51,7 @@ def test_kill_resume_soak_covers_every_phase(tmp_path):
     assert_recovered(out, result)
 
 
+@pytest.mark.slow            # a soak: the sim and two-rank soaks run in the default suite
 def test_kill_resume_with_a_dataset_keeps_prompts_exactly_once(tmp_path):
     """The generic path: a JSONL dataset, the tiny torch model and the digits reward; a stream of
     fewer prompts than the run trains (epochs wrap) survives kills in steady state, at checkpoints
@@ -68,6 +69,7 @@ def test_kill_resume_with_a_dataset_keeps_prompts_exactly_once(tmp_path):
     assert result["prompts_exactly_once"] and result["shm_leftovers"] == []
 
 
+@pytest.mark.slow            # a soak: the sim and two-rank soaks run in the default suite
 def test_kill_resume_multiturn_redoes_episodes_in_flight(tmp_path):
     """The multi-turn tool task (configs/multiturn.yaml, the lookup environment with a tool latency
     so episodes are in flight at every kill): kills in steady state, at checkpoints and during

@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 CHANCE = 0.52
 
 
+@pytest.mark.slow            # 90 s on 2 cores; the exactness and kill/resume tests stay in the default suite
 def test_multiturn_job_learns(tmp_path):
     cfg, recs, steps = run_embedded(tmp_path, "configs/multiturn.yaml")
     rewards = np.array([r["reward_mean"] for r in steps])
