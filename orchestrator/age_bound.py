@@ -24,6 +24,8 @@ Contract (`AgeBound(M, workers, version)`, owned by the event loop, which acts o
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from orchestrator.stamp import group_head
 from shm.codec import Sequences
 
@@ -34,6 +36,7 @@ class AgeBound:
         self.sent = [version] * workers           # last LoadWeights version put on each ring
         self.floor: dict[int, int] = {}           # request id in flight -> lower bound of its head
         self.aborted_ids: set[int] = set()        # aborted; a result may still arrive
+        self._heads: dict[int, Optional[int]] = {}  # finished group id -> its head (computed once)
         self.aborted = self.dropped = self.wasted_tokens = 0
 
     def weights_sent(self, workers, version: int) -> None:
@@ -67,12 +70,21 @@ class AgeBound:
         return out
 
     def too_old(self, group: Sequences, version: int) -> bool:
-        head = group_head(group.versions, group.loss_mask)
+        """Asked for every pending group on every turn of the loop: the head is computed once per
+        group (`_heads`, forgotten when the group leaves)."""
+        if group.ident not in self._heads:
+            self._heads[group.ident] = group_head(group.versions, group.loss_mask)
+        head = self._heads[group.ident]
         if head is None or version - head <= self.max_age:
             return False
+        del self._heads[group.ident]
         self.dropped += 1
         self.wasted_tokens += int(group.loss_mask.sum())
         return True
+
+    def trained(self, group: Sequences) -> None:
+        """The group went into a batch: its cached head is not needed any more."""
+        self._heads.pop(group.ident, None)
 
     def late_result(self, group: Sequences) -> bool:
         """A result of an aborted request (it finished before the abort reached its worker): its

@@ -132,8 +132,8 @@ class EventLoop:
     def _on_control(self, msg) -> None:
         if isinstance(msg, messages.Fatal):
             code = 2 if msg.error.startswith("BadEnvOutput") else 1
-            raise WorkerFatal(f"{worker_name(msg.role, msg.index, self.cfg.actor.world_size)} failed: {msg.error}",
-                              msg.role, msg.index, msg.error, code)
+            who = worker_name(msg.role, msg.index, self.cfg.actor.world_size)
+            raise WorkerFatal(f"{who} failed: {msg.error}", msg.role, msg.index, msg.error, code)
         if isinstance(msg, messages.WeightsLoaded):
             if self.watcher.on_ack(msg.index, msg.version) is not None:
                 self._on_synced()
@@ -278,6 +278,9 @@ class EventLoop:
                 break
             step = self.built + 1
             batch, info = self.sink.take_batch(step, version=step - 1)
+            if self.bound is not None:
+                for g in info.parts:
+                    self.bound.trained(g)
             record = encode(batch)         # persisted, then shipped as is (never mutated)
             path = os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec")
             write_record(path, record, durable=False, compress=self.cfg.run.batch_compression)

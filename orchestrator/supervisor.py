@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator import messages, scratch
+from orchestrator import messages, rank_failures, scratch
 from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send,
                                    weight_nbytes)
 from orchestrator.config import Config
@@ -55,30 +55,6 @@ from orchestrator.worker_base import WorkerSpec
 
 log = logging.getLogger("orchestrator.supervisor")
 SINKS_CLOSE_S = 10.0        # at most this long (and never past the shutdown deadline) to flush sinks
-RANKS_SETTLE_S = 3.0        # trainer ranks fail together: how long to wait for all to report
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free right now (the trainer ranks' rendezvous)."""
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _proc_state(pid: int) -> str:
-    """The kernel's one-letter state of a process ('T': stopped), '' when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError, UnicodeDecodeError):
-        return ""
-
-
-def collective_error(error: str) -> bool:
-    """A rank's Fatal that only says a peer went away (a collective failed or timed out)."""
-    return any(k in error for k in ("DistBackendError", "DistNetworkError", "DistError", "gloo",
-                                    "NCCL", "Connection closed by peer", "Connection reset by peer"))
 
 
 @dataclass
@@ -282,13 +258,12 @@ class Supervisor:
 
     def _ranks_failed(self, fatal: Optional[WorkerFatal] = None) -> RunFailed:
         """Trainer ranks fail together (once one dies, the others' collectives fail): wait up to
-        RANKS_SETTLE_S for every rank to report or exit, then name the cause: a rank killed for
-        silence, else one that died without a word (killed), else one whose own error is not a
-        failed collective, else the first to report."""
+        rank_failures.SETTLE_S for every rank to report or exit, then name the cause (ranks killed
+        for silence first, else rank_failures.cause)."""
         res, world = self.loop.res, self.cfg.actor.world_size
         rings = [res.trainer_ctl] + res.rank_ctl
         errors = {fatal.index: fatal.error} if fatal is not None else {}
-        deadline = time.monotonic() + RANKS_SETTLE_S
+        deadline = time.monotonic() + rank_failures.SETTLE_S
         while True:
             for r, ring in enumerate(rings):
                 while (msg := recv(ring, 0.0)) is not None:
@@ -301,14 +276,10 @@ class Supervisor:
             time.sleep(0.05)
         tail = f"; the last checkpoint stays valid (resume with run.resume=auto); see " \
                f"{self.run_dir}/logs/trainer<rank>.log"
-        if self._rank_hang:
-            return RunFailed(self._rank_hang + tail)
-        for r, p in procs.items():
-            if p is not None and p.exitcode is not None and r not in errors:
-                return RunFailed(f"trainer rank {r} (pid {p.pid}) died with exit code {p.exitcode}{tail}")
-        own = [r for r in sorted(errors) if not collective_error(errors[r])]
-        r = own[0] if own else (fatal.index if fatal is not None else min(errors, default=0))
-        return RunFailed(f"trainer rank {r} failed: {errors.get(r, 'exited')}{tail}")
+        dead = {r: (p.pid, p.exitcode) for r, p in procs.items()
+                if p is not None and p.exitcode is not None}
+        head = self._rank_hang or rank_failures.cause(errors, dead, fatal.index if fatal else None)
+        return RunFailed(head + tail)
 
     def _heartbeat(self, res: Resources, role: str, i: int, gen: int = 0) -> None:
         from shm.counter import SharedCounter
@@ -341,16 +312,11 @@ class Supervisor:
             p.join(2.0)
 
     def _ranks_hung(self, silent: dict) -> None:
-        """Trainer ranks went silent. One hung rank stalls the others in their next collective, so
-        silence alone does not say which: a rank the kernel shows stopped (SIGSTOP) is named as the
-        cause, else every silent rank. Every rank is killed (none is left waiting on a collective)."""
-        stopped = [k for k in silent if _proc_state(self.procs[k].pid) == "T"]
-        cause = sorted(stopped or silent)
-        what = "stopped (SIGSTOP)" if stopped else "hung, or waiting in a collective on a hung rank"
-        self._rank_hang = (
-            f"trainer rank{'s' if len(cause) > 1 else ''} {', '.join(str(k[1]) for k in cause)} "
-            f"made no progress for {max(silent[k] for k in cause):.1f}s (actor.heartbeat_timeout_s="
-            f"{self.cfg.actor.heartbeat_timeout_s}): {what}; every rank killed")
+        """Trainer ranks went silent: name them (rank_failures.hang_message) and kill every rank, so
+        none is left waiting on a collective."""
+        stopped = [k[1] for k in silent if rank_failures.proc_state(self.procs[k].pid) == "T"]
+        self._rank_hang = rank_failures.hang_message({k[1]: v for k, v in silent.items()}, stopped,
+                                                     self.cfg.actor.heartbeat_timeout_s)
         log.error("%s", self._rank_hang)
         ranks = [p for (role, _), p in self.procs.items() if role == "trainer"]
         for p in ranks:
@@ -449,7 +415,7 @@ class Supervisor:
             for i in range(cfg.inference.num_workers):
                 self._heartbeat(res, "inference", i)
             self._check_stop("startup")
-            self.rendezvous_port = free_port()
+            self.rendezvous_port = rank_failures.free_port()
             for r in range(cfg.actor.world_size):
                 self._start(self._spec(res, "trainer", r))
             for i in range(cfg.inference.num_workers):

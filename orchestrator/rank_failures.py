@@ -1,0 +1,60 @@
+"""Trainer ranks fail together; the supervisor names the cause (its `_ranks_failed` and
+`_ranks_hung` gather the facts, this module turns them into the run's one-line error).
+
+Contract:
+- `free_port()`: a TCP port on 127.0.0.1 free right now (the ranks' rendezvous, once per launch).
+- `proc_state(pid)`: the kernel's one-letter state of a process ('T': stopped), '' if unreadable.
+- `collective_error(error)`: whether a rank's Fatal line only says that a peer went away (a failed
+  or timed-out collective), i.e. it is a consequence, not the cause.
+- `hang_message(silent, stopped, timeout_s)`: ranks went silent past the progress deadline. One
+  hung rank stalls the others in their next collective, so silence alone does not say which: the
+  ranks the kernel shows stopped are named as the cause, else every silent rank.
+- `cause(errors, dead, fatal_index)`: once every rank reported or exited: a rank that died without
+  a word (killed) is the cause, else the first whose own error is not a failed collective, else the
+  rank that reported first.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Optional
+
+SETTLE_S = 3.0          # how long the supervisor waits for every rank to report or exit
+_COLLECTIVE = ("DistBackendError", "DistNetworkError", "DistError", "gloo", "NCCL",
+               "Connection closed by peer", "Connection reset by peer")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+
+
+def collective_error(error: str) -> bool:
+    return any(k in error for k in _COLLECTIVE)
+
+
+def hang_message(silent: dict[int, float], stopped: list[int], timeout_s: float) -> str:
+    ranks = sorted(stopped or silent)
+    what = "stopped (SIGSTOP)" if stopped else "hung, or waiting in a collective on a hung rank"
+    return (f"trainer rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} made no "
+            f"progress for {max(silent[r] for r in ranks):.1f}s (actor.heartbeat_timeout_s="
+            f"{timeout_s}): {what}; every rank killed")
+
+
+def cause(errors: dict[int, str], dead: dict[int, tuple[int, int]],
+          fatal_index: Optional[int]) -> str:
+    """`errors`: rank -> its Fatal line; `dead`: rank -> (pid, exit code) of exited ranks."""
+    for r, (pid, code) in sorted(dead.items()):
+        if r not in errors:
+            return f"trainer rank {r} (pid {pid}) died with exit code {code}"
+    own = [r for r in sorted(errors) if not collective_error(errors[r])]
+    r = own[0] if own else (fatal_index if fatal_index is not None else min(errors, default=0))
+    return f"trainer rank {r} failed: {errors.get(r, 'exited')}"
