@@ -89,6 +89,7 @@ def test_kill_resume_multiturn_redoes_episodes_in_flight(tmp_path):
     assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone
 
 
+@pytest.mark.slow            # a soak (60 s); test_rank_failures resumes a 2-rank run in the default suite
 def test_kill_resume_with_two_trainer_ranks(tmp_path):
     """Two gloo trainer ranks (FSDP2, sharded DCP checkpoints): kill -9 of the supervisor in steady
     state, at checkpoints and during recovery keeps every promise one rank keeps: steps exactly
