@@ -198,3 +198,18 @@ def test_fsdp2_nccl_matches_one_gpu(tmp_path, world):
     ref = single({}, device="cuda")
     got = run_ranks(tmp_path, world, {"sharding": "fsdp", "micro_batch_tokens": 30}, device="cuda")
     assert_same(ref, got, f"{world} GPU rank(s), fsdp", tol=2e-3)
+
+
+def test_bf16_compute_with_fp32_reduction(tmp_path, reference):
+    """actor.param_dtype=bfloat16 with reduce_dtype=float32 (FSDP2's MixedPrecisionPolicy) on 2
+    gloo ranks: the parameters stay fp32 (so do the published weights), the step matches the fp32
+    one to bf16 precision."""
+    got = run_ranks(tmp_path, 2, {"sharding": "fsdp", "param_dtype": "bfloat16",
+                                  "reduce_dtype": "float32"})
+    (s0, g0, w0), (s1, g1, w1) = reference, got
+    assert s1["loss"] == pytest.approx(s0["loss"], rel=0.05, abs=1e-3)
+    for name in g0:
+        cos = torch.nn.functional.cosine_similarity(g0[name].flatten(), g1[name].flatten(), dim=0)
+        assert cos > 0.98, (name, float(cos))
+    assert not np.array_equal(np.frombuffer(w0, np.float32), np.frombuffer(w1, np.float32))
+    assert np.allclose(np.frombuffer(w0, np.float32), np.frombuffer(w1, np.float32), atol=1e-2)
