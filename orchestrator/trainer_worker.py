@@ -32,12 +32,32 @@ BATCH_WAIT_S = 0.05
 TICK, BATCH, CONTROL, SHUTDOWN = 0, 1, 2, 3
 
 
+def publish_together(wbuf, write, group, nbytes: int, version: int) -> None:
+    """Every rank: `write(view)` its part of the flat weights of `version` into the weight buffer
+    (shm.weights); rank 0 opens the slot, and switches to it once every rank's part is in."""
+    if group is not None and not group.leader:
+        view = wbuf.next_slot_view(nbytes)
+        group.barrier()               # rank 0 has marked the slot as being written
+        write(view)
+        group.barrier()
+        view.release()
+        return
+
+    def fill(view) -> None:
+        if group is not None:
+            group.barrier()
+        write(view)
+        if group is not None:
+            group.barrier()           # every rank's shards are in: rank 0 switches the version
+
+    wbuf.publish_from(fill, nbytes, version)
+
+
 def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     from shm.codec import decode
     from shm.ring import Ring
     from shm.weights import WeightBuffer
     from orchestrator.backends.factory import build_trainer
-    from orchestrator.backends.sharding import publish_together
 
     cfg = Config.model_validate(spec.config)
     backend = build_trainer(cfg)

@@ -7,7 +7,7 @@ Each configuration spawns its ranks as the supervisor does (spawn, a gloo or NCC
 MASTER_ADDR/PORT, FSDP2 for N > 1, `orchestrator.backends.torch_trainer.TorchTrainer`) and trains
 the same synthetic batches (lognormal sequence lengths, half prompt, half answer). Per round it
 times `--steps` train steps after a warm-up step, and one publish: every rank writing its shards into
-a real `shm.weights.WeightBuffer` (`sharding.publish_together`), against a numpy copy of the same
+a real `shm.weights.WeightBuffer` (`trainer_worker.publish_together`), against a numpy copy of the same
 bytes on rank 0 (the baseline). The table prints medians with the spread (min-max) over rounds:
 tokens/s, tokens/s per rank, the ratio to 1 rank with the same split, the ratio to the same ranks
 with one pass per rank (micro-batch overhead) and to padded passes (packing), publish / memcpy.
@@ -51,7 +51,8 @@ def _batch(seed: int, n: int, mean_len: int, vocab: int):
 
 def _rank(rank, world, port, args, case, wname, out):
     import torch
-    from orchestrator.backends.sharding import RankGroup, publish_together
+    from orchestrator.backends.sharding import RankGroup
+    from orchestrator.trainer_worker import publish_together
     from orchestrator.backends.torch_trainer import TorchTrainer
     from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
     from shm.weights import WeightBuffer

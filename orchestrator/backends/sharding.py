@@ -15,8 +15,7 @@ Contract:
   rank writes into the flat weight layout (orchestrator.model): under fsdp each rank its own dim-0
   rows of every parameter (FSDP2 chunks dim 0 in ceil(n / world) rows), under ddp or none whole
   parameters dealt to ranks by bytes. Together the ranks write every byte exactly once, and no
-  weight passes through rank 0. `publish_together(wbuf, write, group, nbytes, version)`: every
-  rank writes its part into the weight buffer's free slot while rank 0's publish holds it.
+  weight passes through rank 0 (`trainer_worker.publish_together` puts them in the weight buffer).
 - `save_sharded(dir, model, optimizer)` / `load_sharded(dir, model, optimizer)`: the model and
   optimizer state with `torch.distributed.checkpoint` (every rank writes its shards; fsynced), and
   `full_state(model)`: the full parameters on rank 0 (CPU), for the checkpoint's `hf/` export.
@@ -165,27 +164,6 @@ def write_shards(writes, view_of) -> None:
         for s, at, t in writes:
             if t.numel():
                 view_of(s.offset + at, s.dtype, t.numel()).copy_(t.reshape(-1))
-
-
-def publish_together(wbuf, write, group: Optional[RankGroup], nbytes: int, version: int) -> None:
-    """Every rank: `write(view)` its part of the flat weights of `version` into the weight buffer
-    (shm.weights); rank 0 opens the slot, and switches to it once every rank's part is in."""
-    if group is not None and not group.leader:
-        view = wbuf.next_slot_view(nbytes)
-        group.barrier()               # rank 0 has marked the slot as being written
-        write(view)
-        group.barrier()
-        view.release()
-        return
-
-    def fill(view) -> None:
-        if group is not None:
-            group.barrier()
-        write(view)
-        if group is not None:
-            group.barrier()           # every rank's shards are in: rank 0 switches the version
-
-    wbuf.publish_from(fill, nbytes, version)
 
 
 # ------------------------------------------------------------------------------- checkpoints
