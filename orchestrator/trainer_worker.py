@@ -4,7 +4,8 @@ Rank 0 leads: it polls its control ring (SaveCheckpoint / LoadCheckpoint / Relea
 Shutdown) and the batch ring, and turns each into one command. With several ranks
 (`actor.devices` / `actor.num_ranks`) it broadcasts the command first (`RankGroup.command`) and every
 rank runs it together: a batch trains on every rank's share, then every rank writes its shards of
-the new weights into the slot being published (rank 0 switches the version after a barrier); a save
+the new weights into the slot being published (`publish_together`: rank 0 opens the slot and
+switches the version after a barrier); a save
 or load is a collective checkpoint. Rank 0 alone reports (StepDone, CheckpointSaved). While no
 batch comes, rank 0 broadcasts a tick every `BATCH_WAIT_S` so every rank's heartbeat moves: a rank
 that is stopped or hung goes silent and the supervisor's progress deadline fails the run.
@@ -13,8 +14,9 @@ on rank 0, kept alive until ReleaseWeights). Checkpoints are off the critical pa
 can snapshot (one rank, sim): SaveCheckpoint copies the state and a `BackgroundSave` thread writes
 it while the next batches train; CheckpointSaved follows when it is on disk (the supervisor commits
 then). The control ring is read again after a batch is taken, so a save sent before a batch always
-sees the state of its own step. Ranks save synchronously (collective DCP save). The ship hold guarantees at most one batch is
-outstanding, so the version a batch is trained at is exactly `batch.version`.
+sees the state of its own step. Ranks save synchronously (collective DCP save). The ship hold
+guarantees at most one batch is outstanding, so the version a batch is trained at is exactly
+`batch.version`.
 """
 from __future__ import annotations
 
