@@ -18,10 +18,11 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -55,6 +56,20 @@ def _check_device(v: str) -> str:
     if not _DEVICE.match(v):
         raise ValueError(f"{v!r} is not a CUDA device index (a non-negative integer such as '0')")
     return v
+
+
+def _devices_as_text(v: Any) -> Any:
+    return [_device_text(d) for d in v] if isinstance(v, list) else v
+
+
+def _devices_are_indices(v: list[str]) -> list[str]:
+    for d in v:
+        _check_device(d)
+    return v
+
+
+# a list of CUDA device indices, written as text or YAML ints (inference.devices, actor.devices)
+DeviceList = Annotated[list[str], BeforeValidator(_devices_as_text), AfterValidator(_devices_are_indices)]
 
 
 class RunConfig(_Section):
@@ -144,7 +159,7 @@ class InferenceConfig(_Section):
     backend: Literal["sim", "torch", "vllm"] = Field("sim", description="inference backend")
     num_workers: int = Field(1, ge=1, le=256, description="inference worker processes (<= 256: one "
                              "process each on one node; preflight also bounds them by the CPUs)")
-    devices: list[str] = Field(default_factory=list, max_length=256, description="CUDA device indices, "
+    devices: DeviceList = Field(default_factory=list, max_length=256, description="CUDA device indices, "
                                "split evenly among the workers, e.g. ['0','1']; empty: CPU")
     threads_per_worker: int = Field(1, ge=1, le=MAX_THREADS,
                                     description="torch intra-op threads per CPU worker (<= 1024 cores)")
@@ -162,18 +177,6 @@ class InferenceConfig(_Section):
     sim: SimInferenceConfig = Field(default_factory=SimInferenceConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _devices_as_text(cls, v: Any) -> Any:
-        return [_device_text(d) for d in v] if isinstance(v, list) else v
-
-    @field_validator("devices")
-    @classmethod
-    def _devices_are_indices(cls, v: list[str]) -> list[str]:
-        for d in v:
-            _check_device(d)
-        return v
-
 
 class SimTrainerConfig(_Section):
     step_time_s: float = Field(0.02, ge=0, le=3600.0, description="fixed time per trainer step (<= 1 h)")
@@ -187,7 +190,7 @@ class ActorConfig(_Section):
     backend: Literal["sim", "torch"] = Field("sim", description="trainer backend")
     device: str = Field("cpu", description="trainer device: 'cpu' or a CUDA index disjoint from "
                         "inference (one rank; several: actor.devices)")
-    devices: list[str] = Field(default_factory=list, description="one trainer rank per CUDA device "
+    devices: DeviceList = Field(default_factory=list, description="one trainer rank per CUDA device "
                                "(e.g. ['4','5','6','7']), disjoint from inference.devices; empty: "
                                "actor.device, or actor.num_ranks ranks on CPU")
     num_ranks: int = Field(1, ge=1, le=64, description="trainer ranks on CPU (gloo; <= 64); with "
@@ -249,16 +252,9 @@ class ActorConfig(_Section):
             raise ValueError(f"{v!r} is neither 'cpu' nor a CUDA device index (such as '0')")
         return v
 
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _devices_as_text(cls, v: Any) -> Any:
-        return [_device_text(d) for d in v] if isinstance(v, list) else v
-
     @field_validator("devices")
     @classmethod
-    def _devices_are_indices(cls, v: list[str]) -> list[str]:
-        for d in v:
-            _check_device(d)
+    def _one_rank_per_device(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             twice = next(d for d in v if v.count(d) > 1)
             raise ValueError(f"device {twice!r} is listed twice (one trainer rank per device)")
@@ -270,19 +266,23 @@ class ActorConfig(_Section):
             raise ValueError("use_decoupled_loss requires recompute_logprob: true")
         return self
 
+    def _layout(self) -> tuple[list[str], int, str]:
+        return trainer_layout({"device": self.device, "devices": self.devices,
+                               "num_ranks": self.num_ranks, "sharding": self.sharding})
+
     @property
     def rank_devices(self) -> list[str]:
         """The CUDA device of each trainer rank; empty on CPU."""
-        return trainer_layout(self.model_dump())[0]
+        return self._layout()[0]
 
     @property
     def world_size(self) -> int:
-        return trainer_layout(self.model_dump())[1]
+        return self._layout()[1]
 
     @property
     def strategy(self) -> str:
         """'none', 'fsdp' or 'ddp': `sharding` with auto resolved."""
-        return trainer_layout(self.model_dump())[2]
+        return self._layout()[2]
 
 
 def trainer_layout(actor: dict) -> tuple[list[str], int, str]:
