@@ -2,7 +2,9 @@
 `_ranks_hung` gather the facts, this module turns them into the run's one-line error).
 
 Contract:
-- `free_port()`: a TCP port on 127.0.0.1 free right now (the ranks' rendezvous, once per launch).
+- `free_port()`: a TCP port on 127.0.0.1 free right now (the ranks' rendezvous, once per launch);
+  `rendezvous_env(rank, world, port)`: the environment `torch.distributed.init_process_group`
+  reads (MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE) for one rank on this machine.
 - `proc_state(pid)`: the kernel's one-letter state of a process ('T': stopped), '' if unreadable.
 - `collective_error(error)`: whether a rank's Fatal line only says that a peer went away (a failed
   or timed-out collective), i.e. it is a consequence, not the cause.
@@ -27,6 +29,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def rendezvous_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
 
 
 def proc_state(pid: int) -> str:

@@ -164,8 +164,7 @@ class Supervisor:
         if role == "trainer":
             ranks, env = cfg.actor.rank_devices, {scratch.ENV: self.scratch}
             if cfg.actor.strategy != "none":      # torch.distributed reads these (no torchrun)
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.rendezvous_port),
-                           RANK=str(i), LOCAL_RANK=str(i), WORLD_SIZE=str(cfg.actor.world_size))
+                env.update(rank_failures.rendezvous_env(i, cfg.actor.world_size, self.rendezvous_port))
             return WorkerSpec("trainer", i, res.names, data, os.getpid(), self.run_dir,
                               devices=(ranks[i],) if ranks else (), threads=cfg.actor.threads,
                               env=env)

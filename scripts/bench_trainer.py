@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -52,13 +51,13 @@ def _batch(seed: int, n: int, mean_len: int, vocab: int):
 def _rank(rank, world, port, args, case, wname, out):
     import torch
     from orchestrator.backends.sharding import RankGroup
+    from orchestrator.rank_failures import rendezvous_env
     from orchestrator.trainer_worker import publish_together
     from orchestrator.backends.torch_trainer import TorchTrainer
     from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
     from shm.weights import WeightBuffer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
+    os.environ.update(rendezvous_env(rank, world, port))
     if args.device == "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
@@ -107,14 +106,9 @@ def _rank(rank, world, port, args, case, wname, out):
     tr.close()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_case(args, world: int, case: dict, tmp: str):
     import torch.multiprocessing as mp
+    from orchestrator.rank_failures import free_port
     from orchestrator.config import ModelConfig
     from orchestrator.model import build_tokenizer, flat_layout, build_model
     from shm.weights import WeightBuffer
@@ -126,7 +120,7 @@ def run_case(args, world: int, case: dict, tmp: str):
     wbuf = WeightBuffer.create(wname, nbytes)
     out = os.path.join(tmp, f"r{world}.npy")
     try:
-        mp.start_processes(_rank, args=(world, _port(), args, case, wname, out), nprocs=world,
+        mp.start_processes(_rank, args=(world, free_port(), args, case, wname, out), nprocs=world,
                            start_method="spawn", join=True)
     finally:
         wbuf.close()

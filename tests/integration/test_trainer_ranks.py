@@ -3,7 +3,6 @@ the split (1 rank or 2 gloo ranks, FSDP2 or DDP, any micro-batch budget), and th
 assemble exactly the flat weights one rank writes. Real processes, a real gloo process group."""
 import mmap
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
 from orchestrator.model import load_flat
+from orchestrator.rank_failures import free_port, rendezvous_env
 from shm.codec import Sequences
 
 MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, max_seq_len=64)
@@ -45,16 +45,9 @@ def _trainer(actor: dict, group=None, device="cpu") -> TorchTrainer:
                         seed=3, group=group, device=device)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank, world, port, actor, weights_path, out, device="cpu"):
     from orchestrator.backends.sharding import RankGroup
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
+    os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     cfg = ActorConfig(**BASE, **actor, num_ranks=world)
     dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
@@ -75,7 +68,7 @@ def run_ranks(tmp_path, world, actor, device="cpu"):
     path = tmp_path / "weights"
     path.write_bytes(b"\xff" * one.weight_nbytes())          # bytes no rank wrote stay 0xff
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_rank, args=(world, _free_port(), actor, str(path), str(out), device),
+    mp.start_processes(_rank, args=(world, free_port(), actor, str(path), str(out), device),
                        nprocs=world, start_method="spawn", join=True)
     got = torch.load(out, weights_only=False)
     return got["stats"], got["grads"], path.read_bytes()
@@ -141,8 +134,7 @@ def _rank_resume(rank, world, port, ckpt, weights_path, phase):
     """phase 'save': step on batch 0, save, step on batch 1; phase 'load': load, step on batch 1.
     Both write the weights after their last step (each rank its shards)."""
     from orchestrator.backends.sharding import RankGroup
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
+    os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     actor = {"num_ranks": world, "micro_batch_tokens": 40}
     tr = _trainer(actor, RankGroup.from_env(ActorConfig(**BASE, **actor), torch.device("cpu")))
@@ -175,7 +167,7 @@ def test_sharded_checkpoint_resumes_weights_and_optimizer(tmp_path):
     for phase in ("save", "load"):
         path = tmp_path / f"w-{phase}"
         path.write_bytes(b"\xff" * n)
-        mp.start_processes(_rank_resume, args=(2, _free_port(), ckpt, str(path), phase), nprocs=2,
+        mp.start_processes(_rank_resume, args=(2, free_port(), ckpt, str(path), phase), nprocs=2,
                            start_method="spawn", join=True)
         out[phase] = path.read_bytes()
     assert out["save"] == out["load"]
