@@ -190,24 +190,14 @@ def flat_layout(model) -> FlatLayout:
     return FlatLayout(tuple(slots), offset)
 
 
-def _views(layout: FlatLayout, buf: memoryview):
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
-    if mv.nbytes != layout.nbytes:
-        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {layout.nbytes}")
-    with warnings.catch_warnings():  # read-only buffers are only ever read from
-        warnings.simplefilter("ignore", UserWarning)
-        for s in layout.slots:
-            if s.numel == 0:
-                yield s, torch.empty(s.shape, dtype=s.dtype)
-                continue
-            yield s, torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape)
-
-
-def flat_views(buf, nbytes: int):
-    """`view(offset, dtype, numel)`: a writable tensor over `numel` elements of `buf` at `offset`
-    (the flat layout's buffer of `nbytes` bytes, viewed in place)."""
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) or buf.format != "B" else buf
-    if mv.readonly:
+def flat_views(buf, nbytes: int, writable: bool = True):
+    """`view(offset, dtype, numel)`: a tensor over `numel` elements of `buf` at `offset` (the flat
+    layout's buffer of `nbytes` bytes, viewed in place, no copy). `writable=False` accepts a
+    read-only buffer, whose views are only ever read."""
+    mv = memoryview(buf)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if writable and mv.readonly:
         raise ValueError("flat weights need a writable buffer")
     if mv.nbytes != nbytes:
         raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {nbytes}")
@@ -217,6 +207,13 @@ def flat_views(buf, nbytes: int):
             warnings.simplefilter("ignore", UserWarning)
             return torch.frombuffer(mv, dtype=dtype, count=numel, offset=offset)
     return view
+
+
+def slot_views(layout: FlatLayout, buf) -> list[tuple[Slot, torch.Tensor]]:
+    """Every parameter slot of `layout` as a tensor view into `buf` (read-only buffers accepted)."""
+    view = flat_views(buf, layout.nbytes, writable=False)
+    return [(s, view(s.offset, s.dtype, s.numel).view(s.shape) if s.numel
+             else torch.empty(s.shape, dtype=s.dtype)) for s in layout.slots]
 
 
 def write_flat(model, out: memoryview, layout: Optional[FlatLayout] = None) -> None:
@@ -235,7 +232,7 @@ def load_flat(model, flat: memoryview, layout: Optional[FlatLayout] = None) -> N
     layout = layout or flat_layout(model)
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for s, view in _views(layout, flat):
+        for s, view in slot_views(layout, flat):
             params[s.name].copy_(view)
 
 

