@@ -132,6 +132,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             if kind == SHUTDOWN:
                 saves.wait(ctx.beat)
                 report_saves()
+                if group is not None:   # no rank tears its connections down while a peer uses them
+                    group.barrier()
                 return
             if kind == CONTROL:
                 msg = messages.decode(payload)

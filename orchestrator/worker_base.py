@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import faulthandler
 import logging
 import time
 import os
@@ -42,6 +43,9 @@ class WorkerSpec:
     threads: int = 1
     env: dict = field(default_factory=dict)
     prompt_tokens: int = 0       # longest prompt of the run's prompt set (sizes vLLM's context)
+
+
+_crash_log = None     # the log file faulthandler writes a native crash's stacks to
 
 
 class ParentGone(SystemExit):
@@ -88,8 +92,14 @@ def _setup_process(spec: WorkerSpec) -> None:
     logdir = os.path.join(spec.run_dir, "logs")
     os.makedirs(logdir, exist_ok=True)
     logging.raiseExceptions = False                # a full disk must not dump logging tracebacks
-    logging.basicConfig(filename=os.path.join(logdir, f"{spec.role}{spec.index}.log"),
-                        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logfile = os.path.join(logdir, f"{spec.role}{spec.index}.log")
+    logging.basicConfig(filename=logfile, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # a native crash (SIGSEGV, SIGABRT from a library's thread) leaves every thread's Python stack
+    # in the worker's log, where the supervisor's error message points
+    global _crash_log
+    _crash_log = open(logfile, "a")
+    faulthandler.enable(file=_crash_log, all_threads=True)
 
 
 def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], None]) -> None:

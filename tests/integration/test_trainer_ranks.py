@@ -1,6 +1,7 @@
 """Trainer ranks compute what one rank computes: the same loss and gradients for one batch whatever
 the split (1 rank or 2 gloo ranks, FSDP2 or DDP, any micro-batch budget), and the ranks' shard writes
 assemble exactly the flat weights one rank writes. Real processes, a real gloo process group."""
+import faulthandler
 import mmap
 import os
 
@@ -47,6 +48,7 @@ def _trainer(actor: dict, group=None, device="cpu") -> TorchTrainer:
 
 def _rank(rank, world, port, actor, weights_path, out, device="cpu"):
     from orchestrator.backends.sharding import RankGroup
+    faulthandler.enable(all_threads=True)     # a native abort shows every thread's Python stack
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     cfg = ActorConfig(**BASE, **actor, num_ranks=world)
@@ -57,9 +59,9 @@ def _rank(rank, world, port, actor, weights_path, out, device="cpu"):
     with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
         tr.write_weights(memoryview(mm))     # every rank writes its own shards, in place
         del mm
-    tr.group.barrier()
     if rank == 0:
         torch.save({"stats": stats, "grads": grads}, out)
+    tr.group.barrier()            # as the trainer worker does at shutdown: close together
     tr.close()
 
 
@@ -134,6 +136,7 @@ def _rank_resume(rank, world, port, ckpt, weights_path, phase):
     """phase 'save': step on batch 0, save, step on batch 1; phase 'load': load, step on batch 1.
     Both write the weights after their last step (each rank its shards)."""
     from orchestrator.backends.sharding import RankGroup
+    faulthandler.enable(all_threads=True)     # a native abort shows every thread's Python stack
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     actor = {"num_ranks": world, "micro_batch_tokens": 40}

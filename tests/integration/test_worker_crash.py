@@ -49,6 +49,21 @@ def test_trainer_death_fails_with_clear_error_and_checkpoint_stays_valid(tmp_pat
     assert run_segments(proc) == []
 
 
+def test_native_crash_leaves_the_python_stacks_in_the_worker_log(tmp_path):
+    """A library thread's abort (here a real SIGABRT) kills the worker without a Python exception:
+    the error names the worker and its log, and that log holds every thread's Python stack."""
+    proc = start(tmp_path, "run.total_steps=400", *SLOW)
+    wait_for_step(proc, tmp_path, 3)
+    os.kill(worker_pids(tmp_path)["trainer0"], signal.SIGABRT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert f"exit code {-signal.SIGABRT}" in err and "logs/trainer0.log" in err
+    log = (tmp_path / "logs" / "trainer0.log").read_text()
+    assert "Fatal Python error: Aborted" in log
+    assert 'File "' in log and "trainer_worker.py" in log
+    assert run_segments(proc) == []
+
+
 def test_redispatched_prompts_are_not_new_admissions(tmp_path):
     from tests.integration.lifecycle import trained_prompt_ids
     proc = start(tmp_path, "run.total_steps=30", "rollout.filter_zero_std=false",
