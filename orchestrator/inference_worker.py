@@ -42,19 +42,28 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))
     wbuf = WeightBuffer.attach(spec.names.weights)
-    flat = bytearray(wbuf.nbytes if cfg.gpu_weights else max(nbytes, 8))
+    in_place = getattr(backend, "weights_in_place", None)
 
     def load(version: int) -> int:
+        """One copy from the shared buffer into the weights: straight into the backend's own flat
+        buffer where it has one, else the backend loads from a view of the shared slot."""
         if cfg.gpu_weights:          # the buffer holds a CUDA IPC handle; the trainer's GPU is
             from shm.cuda_ipc import open_blob    # the last visible device of this worker
-            got = wbuf.read_into(memoryview(flat), timeout=30.0)
-            _, tensor = open_blob(bytes(flat), device_index=len(spec.devices) - 1)
+            blob = bytearray(wbuf.nbytes)
+            got = wbuf.read_into(memoryview(blob), timeout=30.0)
+            _, tensor = open_blob(bytes(blob), device_index=len(spec.devices) - 1)
             backend.load_weights_tensor(got, tensor)
             del tensor
             return got
-        got = wbuf.read_into(memoryview(flat), timeout=30.0) if nbytes else version
-        backend.load_weights(got, memoryview(flat)[:nbytes])
-        return got
+        if not nbytes:
+            backend.load_weights(version, memoryview(b""))
+            return version
+        if in_place is not None:
+            got = wbuf.read_into(in_place, timeout=30.0)
+            backend.load_weights(got, in_place)
+            return got
+        return wbuf.read_with(lambda view, got: backend.load_weights(got, view[:nbytes]),
+                              timeout=30.0)
 
     reqs: dict[int, tuple[bool, int]] = {}        # request id -> (eval, dataset row)
 

@@ -13,6 +13,8 @@ Contract:
   dtype-preserving slot per parameter at a 64-byte aligned offset; `write_flat(model, out)` copies
   every parameter into `out`, `load_flat(model, flat)` copies them back. Both view the buffer in place
   with `torch.frombuffer` (no intermediate copy). A buffer of the wrong size raises ValueError.
+  `bind_flat(model)` moves a CPU model's parameters into one flat buffer of that layout and returns
+  it: bytes read into it are the weights (an inference reload is one copy).
 - `export_hf(model, tokenizer, out)`: `save_pretrained` of both (safetensors; tied embeddings
   stored once), without progress bars: a directory transformers and vLLM load as is.
 - `weight_nbytes_for(cfg)`: the flat size for a run config, from a model built on the meta device
@@ -234,6 +236,23 @@ def load_flat(model, flat: memoryview, layout: Optional[FlatLayout] = None) -> N
     with torch.no_grad():
         for s, view in slot_views(layout, flat):
             params[s.name].copy_(view)
+
+
+def bind_flat(model, layout: Optional[FlatLayout] = None) -> memoryview:
+    """Move every parameter of a CPU model into one flat buffer in `layout` (the trainer's), in
+    place: each parameter becomes a view of its slot (tied parameters share theirs). Returns the
+    buffer as a writable memoryview: bytes written into it are the model's weights, no second copy."""
+    layout = layout or flat_layout(model)
+    flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for s, view in _tensor_views(layout, flat):
+            p = params[s.name]
+            if p.device.type != "cpu":
+                raise ValueError(f"bind_flat needs a CPU model; {s.name} is on {p.device}")
+            view.copy_(p)
+            p.data = view
+    return memoryview(flat.numpy())
 
 
 def _tensor_views(layout: FlatLayout, buf: torch.Tensor):

@@ -7,8 +7,10 @@ then switches the current word to (version, slot) with one aligned 8-byte store;
 `next_slot_view(nbytes)` lets helpers of that writer fill parts of it while writer_fn runs.
 Any number of readers: `latest_version()` (-1 before the first publish); `read_into(out,
 timeout=10.0, min_version=0) -> version` copies a consistent snapshot of the latest version
-(>= min_version) into the writable buffer `out`; `read_with(fn, ...)` hands `fn` a read-only view
-of the slot instead (fn may run more than once: it must only copy). Never a torn copy: each slot
+(>= min_version) into the writable buffer `out`; `read_with(fn, ...)` calls `fn(view, version)` with
+a read-only view of the slot instead (fn may run more than once: it must only copy; an exception
+from fn on a slot that was rewritten meanwhile counts as a torn read and is retried, one on a
+stable slot propagates). Never a torn copy: each slot
 has a seqlock (odd while written); a reader retries when the sequence moved during its copy, so a
 reader slower than two publishes retries until the deadline and then raises TimeoutError.
 Streaming: when `read_into` asks for a version newer than the latest and `publish` is writing it
@@ -150,7 +152,7 @@ class WeightBuffer(Mapped):
                 raise ValueError(f"output buffer of {len(dst)} bytes is too small for the weights")
             dst[at:at + len(src)] = src
 
-        return self.read_with(copy, timeout, min_version, _stream=copy)
+        return self.read_with(lambda src, _version: copy(src), timeout, min_version, _stream=copy)
 
     def _follow(self, min_version: int, copy, deadline: float) -> int | None:
         """Stream a version >= min_version that is being written now; None if there is none or the
@@ -186,8 +188,8 @@ class WeightBuffer(Mapped):
         return None
 
     def read_with(self, fn, timeout: float = 10.0, min_version: int = 0, _stream=None) -> int:
-        """Call fn(read-only view of the latest snapshot); return its version once fn ran on a copy
-        nobody overwrote meanwhile (fn may be called again)."""
+        """Call fn(read-only view of the latest snapshot, its version); return that version once fn
+        ran on a slot nobody overwrote meanwhile (fn may be called again)."""
         q = self._q
         deadline = time.monotonic() + timeout
         pause = 0.0
@@ -202,8 +204,11 @@ class WeightBuffer(Mapped):
                     off = _DATA + slot * self._stride
                     view = self._mv[off:off + n].toreadonly()
                     try:
-                        fn(view)
-                    finally:
+                        fn(view, version)
+                    except Exception:
+                        if q[seq_i] == seq:               # fn failed on a stable slot: its error
+                            raise
+                    finally:                              # (else it read a torn slot: retry)
                         _release(view)
                     if q[seq_i] == seq:                   # nobody rewrote the slot meanwhile
                         return version

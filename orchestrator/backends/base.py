@@ -44,7 +44,10 @@ class InferenceBackend(Protocol):
     # without it the worker polls for requests only while nothing is active
     def abort(self, request_id: int) -> bool: ...
     def load_weights(self, version: int, flat: memoryview) -> None:
-        """Install new weights between decode steps; later tokens are stamped with `version`."""
+        """Install new weights between decode steps; later tokens are stamped with `version`.
+        `flat` may be read-only and is only valid during the call."""
+    # optional: `weights_in_place: memoryview | None`, a writable buffer the backend's weights live
+    # in (the flat layout): the worker reads into it, then calls load_weights(version, it)
     def weight_nbytes(self) -> int: ...
     def close(self) -> None: ...
 

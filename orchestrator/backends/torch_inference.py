@@ -15,7 +15,9 @@ Contract (InferenceBackend of base.py):
   distribution and stamps it with the currently loaded version. A row finishes on a stop id, on
   `req.max_new_tokens`, or at the model's `max_seq_len`. Returns the requests whose n rows are all done.
 - `load_weights(version, flat)` installs weights between steps; tokens sampled afterwards carry
-  `version`, so a partial rollout spans versions.
+  `version`, so a partial rollout spans versions. On CPU the parameters live in one flat buffer in
+  the trainer's layout, `weights_in_place` (a writable memoryview): the worker reads published
+  weights straight into it and calls `load_weights(version, weights_in_place)`, which copies nothing.
 - GenResult.sequences: n rows of prompt + completion; logprobs 0 and versions -1 on prompt tokens,
   loss_mask 1 on generated tokens (eos included), rewards/advantages 0, version = the lowest version
   that generated a token of the request (the head), ident = request_id, kind 1 for eval else 0.
@@ -31,7 +33,8 @@ import torch
 
 from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.data.tokens import load_tokens
-from orchestrator.model import build_model, flat_layout, load_flat, load_flat_tensor, resolve_device
+from orchestrator.model import (bind_flat, build_model, flat_layout, load_flat, load_flat_tensor,
+                                resolve_device)
 from shm.codec import Sequences
 
 KIND_TRAIN, KIND_EVAL = 0, 1  # Sequences.kind of a result (the inference worker's convention)
@@ -106,6 +109,8 @@ class TorchInference:
         self.pad_id = tokens.pad_id
         self.model = build_model(model_cfg, len(self.tokenizer), seed).to(self.device).eval()
         self.layout = flat_layout(self.model)
+        self.weights_in_place = bind_flat(self.model, self.layout) if self.device.type == "cpu" \
+            else None
         cfg = self.model.config
         self.max_seq_len = int(getattr(cfg, "max_position_embeddings", model_cfg.max_seq_len))
         self.max_batch = int(inference_cfg.max_batch)
@@ -188,7 +193,8 @@ class TorchInference:
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, flat: memoryview) -> None:
-        load_flat(self.model, flat, self.layout)
+        if flat is not self.weights_in_place:       # else the bytes were read into the weights
+            load_flat(self.model, flat, self.layout)
         self.version = int(version)
 
     def load_weights_tensor(self, version: int, flat: "torch.Tensor") -> None:

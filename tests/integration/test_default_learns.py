@@ -10,7 +10,9 @@ import pytest
 from tests.integration.lifecycle import run_embedded
 
 
-@pytest.mark.parametrize("ranks", [[], ["actor.num_ranks=2"]],
+# two ranks: a 2-3 minute learning run on 2 cores, slow-marked; the default suite runs 2-rank runs
+# end to end in test_rank_failures and the equivalence of the 2-rank step in test_trainer_ranks
+@pytest.mark.parametrize("ranks", [[], pytest.param(["actor.num_ranks=2"], marks=pytest.mark.slow)],
                          ids=["one-rank", "two-ranks"])
 def test_default_job_learns(tmp_path, ranks):
     cfg, recs, steps = run_embedded(tmp_path, timeout=600, overrides=ranks)

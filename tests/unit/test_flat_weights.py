@@ -132,3 +132,46 @@ def test_weight_nbytes_for_config_matches_a_built_model():
         cfg = Config.model_validate({"task": {"name": "copy2"}, "model": {"dtype": dtype}})
         built = build_model(cfg.model, VOCAB, 0)
         assert weight_nbytes_for(cfg) == flat_layout(built).nbytes
+
+
+def test_cpu_inference_reads_published_weights_straight_into_its_parameters():
+    """The CPU torch inference backend's parameters are views of one flat buffer: a read from the
+    shared weight buffer into it is the whole reload (no second copy), and the model then computes
+    with the trainer's weights, tied embeddings included."""
+    import uuid
+    from shm.segments import segment_name
+    from shm.weights import WeightBuffer
+    inf, tr = _backends(lr=0.5)
+    target = inf.weights_in_place
+    assert target is not None and len(target) == inf.weight_nbytes()
+    base = np.frombuffer(target, np.uint8).ctypes.data
+    for p in inf.model.parameters():        # every parameter lies inside the buffer
+        assert base <= p.data_ptr() < base + len(target)
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.mul_(-2.0).add_(0.25)
+    wb = WeightBuffer.create(segment_name(f"t{uuid.uuid4().hex[:8]}", "weights"), tr.weight_nbytes())
+    try:
+        wb.publish_from(tr.write_weights, tr.weight_nbytes(), 3)
+        got = wb.read_into(target)
+        inf.load_weights(got, target)
+    finally:
+        wb.close()
+        wb.unlink()
+    assert inf.version == 3 and _params_equal(inf.model, tr.model)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    assert torch.equal(inf.model(input_ids=ids).logits, tr.model(input_ids=ids).logits)
+
+
+def test_bind_flat_keeps_tied_parameters_tied():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from orchestrator.model import bind_flat
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                     num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=2, tie_word_embeddings=True))
+    before = {k: v.detach().clone() for k, v in m.named_parameters()}
+    flat = bind_flat(m)
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert all(torch.equal(before[k], v) for k, v in m.named_parameters())
+    np.frombuffer(flat, np.uint8)[:] = 0          # writing the buffer writes the weights, both heads
+    assert not m.lm_head.weight.any() and not m.model.embed_tokens.weight.any()

@@ -3,6 +3,7 @@ writer process never lets a reader see a torn snapshot (content is derived from 
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 import uuid
 
 import numpy as np
@@ -48,7 +49,7 @@ def test_publish_read_basics():
         with pytest.raises(TimeoutError):
             r.read_into(out, timeout=0.01, min_version=3)
         seen = []
-        assert r.read_with(lambda mv: seen.append(bytes(mv[:4]))) == 2 and seen == [b"\x03\x00\x00\x00"]
+        assert r.read_with(lambda mv, v: seen.append((bytes(mv[:4]), v))) == 2 and seen == [(b"\x03\x00\x00\x00", 2)]
 
 
 def _publisher(name: str, versions: int, nbytes: int) -> None:
@@ -81,6 +82,41 @@ def test_concurrent_publisher_never_yields_torn_snapshot():
             last = v
         proc.join(20)
         assert proc.exitcode == 0 and reads > 2
+    finally:
+        w.close()
+        w.unlink()
+
+
+def test_read_with_retries_a_check_that_failed_on_a_rewritten_slot():
+    """fn raises on content that is not all its version (as the sim backend checks): with a
+    publisher rewriting both slots under a slow reader, fn sees torn slots and raises, yet
+    read_with only ever returns a version fn accepted, and a failure on a stable slot propagates."""
+    name, nbytes, versions = _name("weights"), 1 << 20, 400
+    w = WeightBuffer.create(name, nbytes)
+    try:
+        proc = CTX.Process(target=_publisher, args=(name, versions, nbytes))
+        proc.start()
+        torn, accepted = [0], []
+
+        def check(view, version):
+            got = np.frombuffer(view, np.uint8)
+            first = got[:8].copy()
+            time.sleep(0.002)                         # a slow check: publishes overlap it
+            if not np.array_equal(got[-8:], _content(version, nbytes)[-8:]) or \
+                    not np.array_equal(first, _content(version, nbytes)[:8]):
+                torn[0] += 1
+                raise ValueError(f"torn version {version}")
+            accepted.append(version)
+
+        last = -1
+        while last < versions - 1:
+            v = w.read_with(check, timeout=30, min_version=last + 1 if last > versions // 2 else 0)
+            assert v == accepted[-1] and v >= last
+            last = v
+        proc.join(20)
+        assert proc.exitcode == 0
+        with pytest.raises(ValueError, match="torn version"):     # a stable slot: fn's error
+            w.read_with(lambda view, version: check(view, version + 1), timeout=1)
     finally:
         w.close()
         w.unlink()
