@@ -76,7 +76,7 @@ CASES = [
      ["task.reward=exact_match", "task.max_prompt_tokens=8", "task.overlong_prompts=error"],
      ["task.dataset row 20", "longer than task.max_prompt_tokens=8"]),
     ("eval-missing", lambda p: write_jsonl(p / "d.jsonl", digit_rows()),
-     ["task.reward=exact_match", f"task.eval_dataset=/nonexistent/e.jsonl"],
+     ["task.reward=exact_match", "task.eval_dataset=/nonexistent/e.jsonl"],
      ["task.eval_dataset", "no such file"]),
 ]
 

@@ -13,7 +13,6 @@ import asyncio
 import concurrent.futures as cf
 import json
 
-import numpy as np
 import pytest
 
 from tests.integration.lifecycle import steps

@@ -4,7 +4,6 @@ counted; the eval set is every row or a seeded choice; the stream visits every k
 epoch."""
 import json
 
-import numpy as np
 import pytest
 
 from orchestrator.data.tokens import DataError

@@ -71,8 +71,6 @@ def test_sampled_ids_reach_the_trainer_byte_for_byte(hf_model_dir):
     """Chat prompts (special tokens, multi-token template text) -> TorchInference samples ->
     rollout record -> encode/decode (the ring codec) -> batch -> the trainer's padded ids: equal,
     and the trainer's recomputed logprobs match the sampled ones (same ids, same positions)."""
-    import torch
-
     from orchestrator.backends.base import GenRequest
     from orchestrator.backends.torch_inference import TorchInference
     from orchestrator.backends.torch_trainer import TorchTrainer, pad_batch
