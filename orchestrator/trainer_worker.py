@@ -173,4 +173,4 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
 
 
 def main(spec: WorkerSpec) -> None:
-    worker_entry(spec, _main)
+    worker_entry(spec, _main, hard_exit=True)     # gloo's threads may abort at finalization

@@ -102,7 +102,12 @@ def _setup_process(spec: WorkerSpec) -> None:
     faulthandler.enable(file=_crash_log, all_threads=True)
 
 
-def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], None]) -> None:
+def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], None],
+                 hard_exit: bool = False) -> None:
+    """Run `main` as a worker process and exit with its status (0, 1 after a Fatal, 3 when the
+    parent is gone). `hard_exit`: end with os._exit once everything is closed and flushed, skipping
+    interpreter finalization, where native threads of a destroyed process group (gloo) may abort
+    the process ("terminate called without an active exception", seen after a clean shutdown)."""
     from shm.counter import SharedCounter
     from shm.ring import Ring
     _setup_process(spec)
@@ -132,4 +137,11 @@ def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], N
         ctl.close()
         bell.close()
         heartbeat.close()
+    if hard_exit:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
     sys.exit(code)

@@ -4,6 +4,7 @@ assemble exactly the flat weights one rank writes. Real processes, a real gloo p
 import faulthandler
 import mmap
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -63,6 +64,9 @@ def _rank(rank, world, port, actor, weights_path, out, device="cpu"):
         torch.save({"stats": stats, "grads": grads}, out)
     tr.group.barrier()            # as the trainer worker does at shutdown: close together
     tr.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)     # as trainer workers do: gloo's native threads may abort at finalization
 
 
 def run_ranks(tmp_path, world, actor, device="cpu"):
