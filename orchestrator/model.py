@@ -212,7 +212,10 @@ def flat_views(buf, nbytes: int, writable: bool = True):
 
 
 def slot_views(layout: FlatLayout, buf) -> list[tuple[Slot, torch.Tensor]]:
-    """Every parameter slot of `layout` as a tensor view into `buf` (read-only buffers accepted)."""
+    """Every parameter slot of `layout` as a tensor view into `buf`: a bytes-like buffer (read-only
+    accepted) or a uint8 tensor on any device (the CUDA IPC path)."""
+    if isinstance(buf, torch.Tensor):
+        return list(_tensor_views(layout, buf))
     view = flat_views(buf, layout.nbytes, writable=False)
     return [(s, view(s.offset, s.dtype, s.numel).view(s.shape) if s.numel
              else torch.empty(s.shape, dtype=s.dtype)) for s in layout.slots]

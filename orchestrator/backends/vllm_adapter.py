@@ -178,12 +178,6 @@ def shutdown(engine, active) -> None:
 def named_tensors(layout: FlatLayout, flat) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) views into `flat` (no copy), in layout order. `flat` is a bytes-like buffer
     or a uint8 tensor on any device (the CUDA IPC path)."""
-    if isinstance(flat, torch.Tensor):
-        if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != layout.nbytes:
-            raise ValueError(f"flat weight tensor must be uint8[{layout.nbytes}], got "
-                             f"{flat.dtype}[{flat.numel()}]")
-        return [(s.name, flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape))
-                for s in layout.slots]
     return [(s.name, t) for s, t in slot_views(layout, flat)]
 
 
