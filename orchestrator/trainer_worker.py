@@ -11,10 +11,12 @@ batch comes, rank 0 broadcasts a tick every `BATCH_WAIT_S` so every rank's heart
 that is stopped or hung goes silent and the supervisor's progress deadline fails the run.
 Weights are published with version `batch.version + 1` (on GPU: a CUDA IPC handle of a GPU buffer
 on rank 0, kept alive until ReleaseWeights). Checkpoints are off the critical path where the backend
-can snapshot (one rank, sim): SaveCheckpoint copies the state and a `BackgroundSave` thread writes
-it while the next batches train; CheckpointSaved follows when it is on disk (the supervisor commits
-then). The control ring is read again after a batch is taken, so a save sent before a batch always
-sees the state of its own step. Ranks save synchronously (collective DCP save). The ship hold
+can snapshot (torch, one rank or several; sim): SaveCheckpoint copies the state and a
+`BackgroundSave` thread writes it while the next batches train; CheckpointSaved follows when it is
+on disk (the supervisor commits then). With ranks every rank copies its shards and writes them in
+its own thread (DCP's collectives on a group of their own); rank 0's write ends once every rank's
+part is written, and rank 0 alone reports it. The control ring is read again after a batch is
+taken, so a save sent before a batch always sees the state of its own step. The ship hold
 guarantees at most one batch is outstanding, so the version a batch is trained at is exactly
 `batch.version`.
 """
@@ -116,8 +118,9 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     saves = BackgroundSave()
 
     def report_saves() -> None:
-        for step, directory in saves.done():
-            ctx.send(messages.CheckpointSaved(step=step, directory=directory))
+        for step, directory in saves.done():      # every rank reaps (a failed write raises here)
+            if leader:
+                ctx.send(messages.CheckpointSaved(step=step, directory=directory))
 
     ctx.send(messages.Ready(role="trainer", index=spec.index, pid=os.getpid(), weight_nbytes=nbytes))
     try:
@@ -145,6 +148,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     if leader:
                         ctx.send(messages.CheckpointSaved(step=msg.step, directory=msg.directory))
                 elif isinstance(msg, messages.LoadCheckpoint):
+                    saves.wait(ctx.beat)
+                    report_saves()
                     backend.load(msg.directory)
                     publish(msg.version)
                     if leader:

@@ -5,7 +5,9 @@ Contract:
   environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; no torchrun): NCCL on a GPU, gloo on CPU,
   every collective bounded by `actor.collective_timeout_s`. A second, gloo group carries the
   commands rank 0 broadcasts (`command`/`receive`: a kind and a payload of bytes), so control never
-  waits on the accelerator. `reduce(values, op)` sums or maxes a few floats across ranks.
+  waits on the accelerator; a third, gloo too, carries the collectives of checkpoint writes
+  (`saves`), which run in a writer thread while training collectives go on. `reduce(values, op)`
+  sums or maxes a few floats across ranks.
 - `share(model, actor_cfg, group)`: `fsdp` applies FSDP2 (`fully_shard` on every decoder layer,
   then the root; `MixedPrecisionPolicy(param_dtype, reduce_dtype)`), parameters and optimizer state
   sharded on dim 0; `ddp` wraps in DistributedDataParallel; `none` returns the model. FSDP2 runs on
@@ -16,9 +18,13 @@ Contract:
   rows of every parameter (FSDP2 chunks dim 0 in ceil(n / world) rows), under ddp or none whole
   parameters dealt to ranks by bytes. Together the ranks write every byte exactly once, and no
   weight passes through rank 0 (`trainer_worker.publish_together` puts them in the weight buffer).
-- `save_sharded(dir, model, optimizer)` / `load_sharded(dir, model, optimizer)`: the model and
-  optimizer state with `torch.distributed.checkpoint` (every rank writes its shards; fsynced), and
-  `full_state(model)`: the full parameters on rank 0 (CPU), for the checkpoint's `hf/` export.
+- `sharded_state(model, optimizer)`: this rank's model and optimizer state as DCP saves it (shards
+  as DTensors); `save_sharded(dir, state, group)` writes such a state (a copy of it: the write may
+  run while training goes on) with `torch.distributed.checkpoint`, every rank its shards, fsynced,
+  its collectives on `group`; when it returns on rank 0, every rank's files are written (DCP's
+  last step gathers every rank's write result before rank 0 writes the metadata).
+  `load_sharded(dir, model, optimizer)` reads it back, and `full_state(model)`: the full parameters
+  on rank 0 (CPU), for the checkpoint's `hf/` export.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ class RankGroup:
     strategy: str
     device: torch.device
     control: object = None      # the gloo group of commands
+    saves: object = None        # the gloo group of checkpoint writes (a writer thread's collectives)
 
     @classmethod
     def from_env(cls, actor_cfg, device: torch.device) -> "RankGroup":
@@ -54,7 +61,8 @@ class RankGroup:
         else:
             dist.init_process_group("gloo", timeout=timeout)
             control = dist.group.WORLD
-        return cls(rank, world, actor_cfg.strategy, device, control)
+        saves = dist.new_group(backend="gloo", timeout=timeout)
+        return cls(rank, world, actor_cfg.strategy, device, control, saves)
 
     @property
     def leader(self) -> bool:
@@ -168,25 +176,29 @@ def write_shards(writes, view_of) -> None:
 
 # ------------------------------------------------------------------------------- checkpoints
 
-def save_sharded(directory: str, model, optimizer) -> None:
-    import torch.distributed.checkpoint as dcp
+def sharded_state(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd},
+    return {"model": msd, "optim": osd}
+
+
+def save_sharded(directory: str, state: dict, group) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, process_group=group,
              storage_writer=dcp.FileSystemWriter(os.path.join(directory, DCP_DIR), sync_files=True))
 
 
 def load_sharded(directory: str, model, optimizer) -> None:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = os.path.join(directory, DCP_DIR)
     if not os.path.isdir(path):
         raise ValueError(f"checkpoint {directory} has no sharded state ({DCP_DIR}/): it was written "
                          f"by a single-rank trainer")
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    state = sharded_state(model, optimizer)
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])

@@ -30,7 +30,8 @@ Contract (TrainerBackend of base.py):
 - `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.model; each rank writes
   its own part (`sharding.shard_writes`). `write_weights_tensor(buf)`: the whole layout into rank 0's
   GPU buffer (the CUDA IPC path; a gather every rank joins).
-- `save(dir)` / `load(dir)`: one rank: `hf/` (an HF model directory: config, generation config,
+- `snapshot()` -> `write(dir)`: the checkpoint's state copied now, written later (in a writer
+  thread while training goes on; see `snapshot`). `save(dir)` / `load(dir)`: one rank: `hf/` (an HF model directory: config, generation config,
   safetensors weights, tokenizer files; what `AutoModelForCausalLM.from_pretrained` and vLLM load as
   is, and what `load` reads the weights back from) and `optimizer.pt` (Adam state, step count, RNG
   states); `load` also reads the `model.safetensors` of older checkpoints. Ranks (a collective):
@@ -330,41 +331,52 @@ class TorchTrainer:
 
     @property
     def background_save(self) -> bool:
-        """One rank: `snapshot()` lets the checkpoint be written while training goes on."""
-        return self.group is None
+        """`snapshot()` lets the checkpoint be written while training goes on (ranks too)."""
+        return True
 
     def snapshot(self):
-        """One rank: copy what a checkpoint holds now (weights and Adam state to CPU, step count,
-        RNG) and return `write(directory)`, which writes `hf/` + `optimizer.pt` from that copy
-        only: it may run in another thread while the next batches train."""
-        weights = _to_cpu(self.module.state_dict())
-        state = _to_cpu({"optimizer": self.optimizer.state_dict(), "steps": self.steps,
-                         **self._rng()})
+        """Copy what a checkpoint holds now and return `write(directory)`, which writes it from
+        that copy only: it may run in another thread while the next batches train. One rank: the
+        weights and Adam state, step count and RNG go to CPU; `write` makes `hf/` + `optimizer.pt`.
+        Ranks (every rank calls both, in the same order): each copies its shards of the model and
+        optimizer state, and rank 0 gathers the full weights for `hf/` (the only collective on the
+        training path); `write` is DCP's collective save on the group's `saves` group, then rank 0
+        writes `hf/`, `trainer_state.pt` and `ranks.json`. When rank 0's `write` returns, every
+        rank's part is on disk."""
+        state = _to_cpu({"steps": self.steps, **self._rng()})
         module, tokenizer = self.module, self.tokens.tokenizer
+        if self.group is None:
+            weights = _to_cpu(self.module.state_dict())
+            state["optimizer"] = _to_cpu(self.optimizer.state_dict())
 
-        def write(directory: str) -> None:
+            def write(directory: str) -> None:
+                os.makedirs(directory, exist_ok=True)
+                export_hf(module, tokenizer, os.path.join(directory, HF_DIR), weights)
+                _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
+            return write
+
+        shards = _to_cpu(sharding.sharded_state(self.model, self.optimizer))
+        full = _to_cpu(sharding.full_state(self.model))
+        rank, group = self.rank, self.group
+        meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
+
+        def write_ranks(directory: str) -> None:
             os.makedirs(directory, exist_ok=True)
-            export_hf(module, tokenizer, os.path.join(directory, HF_DIR), weights)
-            _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
-        return write
+            sharding.save_sharded(directory, shards, group.saves)
+            if rank == 0:
+                export_hf(module, tokenizer, os.path.join(directory, HF_DIR), full)
+                _atomic(directory, RANK_STATE, lambda path: torch.save(state, path))
+                _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
+        return write_ranks
 
     def save(self, directory: str) -> None:
-        """One rank: `hf/` + `optimizer.pt` (`snapshot()` written at once). Ranks (every rank calls
-        it): `dcp/` (each rank its shards), `hf/` exported by rank 0 from the gathered parameters,
-        `trainer_state.pt` and `ranks.json` (world size and sharding: a resume must match them)."""
-        if self.group is None:
-            self.snapshot()(directory)
-            return
-        os.makedirs(directory, exist_ok=True)
-        rng = self._rng()
-        sharding.save_sharded(directory, self.model, self.optimizer)
-        full = sharding.full_state(self.model)
-        if self.rank == 0:
-            export_hf(self.module, self.tokens.tokenizer, os.path.join(directory, HF_DIR), full)
-            _atomic(directory, RANK_STATE, lambda path: torch.save({"steps": self.steps, **rng}, path))
-            meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
-            _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
-        self.group.barrier()
+        """`snapshot()` written at once: one rank `hf/` + `optimizer.pt`; ranks (every rank calls
+        it) `dcp/` (each rank its shards), `hf/` exported by rank 0 from the gathered parameters,
+        `trainer_state.pt` and `ranks.json` (world size and sharding: a resume must match them),
+        all of it written when `save` returns on any rank."""
+        self.snapshot()(directory)
+        if self.group is not None:
+            self.group.barrier()
 
     def load(self, directory: str) -> None:
         if self.group is not None:

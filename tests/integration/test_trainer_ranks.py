@@ -137,50 +137,67 @@ def test_more_ranks_than_sequences(tmp_path, reference):
 
 
 def _rank_resume(rank, world, port, ckpt, weights_path, phase):
-    """phase 'save': step on batch 0, save, step on batch 1; phase 'load': load, step on batch 1.
-    Both write the weights after their last step (each rank its shards)."""
+    """phase 'save': step on batch 0, save, step on batch 1; 'background': step on batch 0, take
+    a snapshot, step on batch 1, then write the snapshot in a thread while the main thread runs its
+    own collectives (the trainer worker's background save); 'load': load, step on batch 1.
+    Each writes the weights after its last step (each rank its shards)."""
+    import threading
     from orchestrator.backends.sharding import RankGroup
     faulthandler.enable(all_threads=True)     # a native abort shows every thread's Python stack
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     actor = {"num_ranks": world, "micro_batch_tokens": 40}
     tr = _trainer(actor, RankGroup.from_env(ActorConfig(**BASE, **actor), torch.device("cpu")))
-    if phase == "save":
+    if phase == "load":
+        tr.load(ckpt)
+    else:
         tr.train_step(make_batch(0))
-        tr.save(ckpt)
+        write = tr.snapshot() if phase == "background" else tr.save(ckpt)
         with open(weights_path + "-at-save", "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
             tr.write_weights(memoryview(mm))
             del mm
         tr.group.barrier()
-    else:
-        tr.load(ckpt)
     tr.train_step(make_batch(1))
+    writer = None
+    if phase == "background":     # after step 1: a snapshot sharing the live state saves step 1's
+        writer = threading.Thread(target=write, args=(ckpt,))
+        writer.start()
     with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
         tr.write_weights(memoryview(mm))
         del mm
+    for _ in range(20):           # the training group's collectives while the writer runs its own
+        tr.group.reduce([1.0])
+        tr.group.barrier()
+    if writer is not None:
+        writer.join()
     tr.group.barrier()
     tr.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def test_sharded_checkpoint_resumes_weights_and_optimizer(tmp_path):
+@pytest.mark.parametrize("save", ["save", "background"])
+def test_sharded_checkpoint_resumes_weights_and_optimizer(tmp_path, save):
     """A DCP checkpoint of 2 FSDP2 ranks, loaded by 2 fresh ranks: the next step gives the same
     weights bit for bit as the run that never stopped (Adam's moments came back too); its hf/
-    export holds the full weights that transformers loads."""
+    export holds the full weights that transformers loads. Saved at once, or (background) from a
+    snapshot written by a thread after the next step changed the live state."""
     from transformers import AutoModelForCausalLM
     n = _trainer({}).weight_nbytes()
     ckpt = str(tmp_path / "ckpt")
     out = {}
-    (tmp_path / "w-save-at-save").write_bytes(b"\xff" * n)
-    for phase in ("save", "load"):
+    (tmp_path / f"w-{save}-at-save").write_bytes(b"\xff" * n)
+    for phase in (save, "load"):
         path = tmp_path / f"w-{phase}"
         path.write_bytes(b"\xff" * n)
         mp.start_processes(_rank_resume, args=(2, free_port(), ckpt, str(path), phase), nprocs=2,
                            start_method="spawn", join=True)
         out[phase] = path.read_bytes()
-    assert out["save"] == out["load"]
+    assert out[save] == out["load"]
     assert sorted(os.listdir(os.path.join(ckpt, "dcp")))[:1] == [".metadata"]
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(ckpt, "hf"))
-    saved = bytearray((tmp_path / "w-save-at-save").read_bytes())
+    saved = bytearray((tmp_path / f"w-{save}-at-save").read_bytes())
     one = _trainer({})
     load_flat(one.module, memoryview(saved), one.layout)
     for (name, a), (_, b) in zip(one.module.named_parameters(), hf.named_parameters()):
