@@ -15,7 +15,10 @@ observed ages. With the `sim` backends the work is sleeps, so the ratio measures
 `--sigma X` makes the sim rollout latency lognormal (mean `--latency`, sigma X: a long tail; a
 comma list runs one table per sigma). With the sim backend every table also prints the throughput
 of a zero-overhead event model of the same workload driving the real gate (scripts/event_model.py)
-and the ratio async / ideal, per round and as a median (`--rounds`, default 5).
+and the ratio async / ideal, per round and as a median (`--rounds`, default 5). Round k runs with
+`run.seed=k` in every mode, and its event model with the same seed: the sim backend draws a
+request's latency from the run seed and the request id alone, so the model replays the run's
+admissions with their very latencies and the per-round ratio measures the orchestration only.
 `--bound M` adds a third mode, the same S with the hard age bound
 `rollout.max_observed_offpolicyness=M`, and prints its throughput against the gate alone with the
 rollouts it aborted in flight, the finished ones it dropped and the tokens they wasted.
@@ -35,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run_once(S: int, args, run_dir: str, bound=None) -> dict:
+def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0) -> dict:
     if args.backend == "sim":
         cfg = "configs/sim.yaml"
         extra = [f"inference.sim.latency_s={args.latency}", f"actor.sim.step_time_s={args.step_time}"]
@@ -49,7 +52,7 @@ def run_once(S: int, args, run_dir: str, bound=None) -> dict:
         cfg = "configs/default.yaml"
         extra = ["eval.every_steps=0", "run.checkpoint_every=0"]
     cmd = [sys.executable, "-m", "orchestrator.launch", "--config", cfg, f"run.dir={run_dir}",
-           "run.resume=never", "run.progress=false", f"run.total_steps={args.steps}",
+           "run.resume=never", "run.progress=false", f"run.total_steps={args.steps}", f"run.seed={seed}",
            f"rollout.max_head_offpolicyness={S}", *extra]
     if bound is not None:
         cmd.append(f"rollout.max_observed_offpolicyness={bound}")
@@ -69,7 +72,8 @@ def run_once(S: int, args, run_dir: str, bound=None) -> dict:
 
 def ideal(S: int, args, sigma) -> list[float]:
     """Steps/s of the zero-overhead event model (scripts/event_model.py) with the sim workload's
-    gate settings, latency and step time: one value per round (its own seed)."""
+    gate settings, latency and step time: one value per round, seeded as that round's runs are
+    (`run.seed`), so it replays the very latencies the sim workers drew."""
     import yaml
     from scripts.event_model import simulate
     r = yaml.safe_load(open(ROOT / "configs" / "sim.yaml"))["rollout"]
@@ -88,7 +92,7 @@ def block(args, sigma) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):                 # interleaved: noise hits every mode alike
             for m, (s, bound) in modes.items():
-                res[m].append(run_once(s, args, os.path.join(tmp, f"{m}_{r}"), bound))
+                res[m].append(run_once(s, args, os.path.join(tmp, f"{m}_{r}"), bound, seed=r))
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
     ratio = med(res["async"], "steps_per_s") / med(res["sync"], "steps_per_s")
     ideals = {m: ideal(s, args, sigma) for m, (s, bound) in modes.items()

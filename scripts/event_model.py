@@ -5,9 +5,10 @@ baseline `bench_pipeline.py` divides the measured throughput by ("async / ideal"
     simulate(S=2, B=8, C=64, latency_s=0.1, sigma=1.0, step_time_s=0.1, steps=40)
 
 Continuous time, no cost for anything but rollout latency and trainer steps: a prompt is admitted
-the instant the gate has capacity and the run still needs it (the real loop's rule), generates for a
-latency drawn as the sim backend draws it (fixed, or lognormal with mean `latency_s` and `sigma`),
-and is accepted when it finishes; every B accepted rollouts make a batch (version = its step - 1);
+the instant the gate has capacity and the run still needs it (the real loop's rule), generates for
+the latency the sim backend gives the same request of a run seeded `seed` (its k-th admission is
+request k + 1: `sim_inference.rollout_latency`; fixed, or lognormal with mean `latency_s` and
+`sigma`), so a real sim run and the model see the very same latencies, and is accepted when it finishes; every B accepted rollouts make a batch (version = its step - 1);
 the trainer takes one batch at a time (the ship hold) for `step_time_s`; its weights reach every
 worker the instant it finishes. Returns the step completion times and the head age of every
 trained rollout (its version at admission, the oldest its tokens can be).
@@ -19,9 +20,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from orchestrator.backends.sim_inference import rollout_latency  # noqa: E402
+from orchestrator.config import SimInferenceConfig  # noqa: E402
 from orchestrator.gate import StalenessGate  # noqa: E402
 
 
@@ -38,7 +40,9 @@ class Result:
 
 def simulate(S: int, B: int, C: int, latency_s: float, sigma: float | None, step_time_s: float,
              steps: int, seed: int = 0) -> Result:
-    rng = np.random.default_rng(seed)
+    sim = (SimInferenceConfig(latency="lognormal", latency_s=latency_s, lognormal_sigma=sigma)
+           if sigma else SimInferenceConfig(latency="fixed", latency_s=latency_s))
+    admitted = 0
     version = [0]
     gate = StalenessGate(S, B, C, version=lambda: version[0])
     t, events, tie = 0.0, [], 0           # (time, tie, kind, payload)
@@ -49,9 +53,9 @@ def simulate(S: int, B: int, C: int, latency_s: float, sigma: float | None, step
     ages: list[int] = []
 
     def latency() -> float:
-        if not sigma:
-            return latency_s
-        return float(rng.lognormal(np.log(latency_s) - sigma ** 2 / 2, sigma))
+        nonlocal admitted
+        admitted += 1                      # request ids start at 1, in admission order
+        return rollout_latency(sim, seed, admitted)
 
     def push(when: float, kind: str, payload) -> None:
         nonlocal tie

@@ -46,7 +46,8 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
     seed = sampling_seed(cfg, index, gen, start_step)
     if cfg.inference.backend == "sim":
         from orchestrator.backends.sim_inference import SimInference
-        return SimInference(cfg.inference.sim, seed=seed, weight_bytes=cfg.actor.sim.weight_bytes), None
+        return SimInference(cfg.inference.sim, seed=seed, weight_bytes=cfg.actor.sim.weight_bytes,
+                            latency_seed=cfg.run.seed), None
     if cfg.inference.backend == "torch":
         from orchestrator.backends.torch_inference import TorchInference
         device = "cuda:0" if cfg.inference.devices else "cpu"

@@ -1,6 +1,8 @@
 """`sim` inference backend: no model, rollout latency drawn from a distribution.
 
-Each request finishes `latency` seconds after it was added (fixed, uniform or lognormal). Its
+Each request finishes `latency` seconds after it was added (fixed, uniform or lognormal; drawn by
+`rollout_latency` from the run seed and the request id alone, so whichever worker serves a request
+draws the same, and scripts/event_model.py replays the very latencies of a run's admissions). Its
 completion tokens are spread evenly over that interval and each is stamped with the policy version
 this backend had loaded at that instant, so a rollout that straddles a weight reload spans versions
 exactly as a real partial rollout does. Rewards are Bernoulli(reward_p) per sample. Every reload checks that the weight buffer holds the
@@ -23,11 +25,24 @@ from shm.codec import Sequences
 SIM_VOCAB = 1000
 
 
+def rollout_latency(cfg: SimInferenceConfig, seed: int, request_id: int) -> float:
+    """The latency of request `request_id` in a run seeded `seed`: a function of the two alone."""
+    if cfg.latency == "fixed":
+        return cfg.latency_s
+    rng = np.random.default_rng([seed, request_id])
+    if cfg.latency == "uniform":
+        return float(rng.uniform(cfg.latency_low_s, cfg.latency_high_s))
+    mu = np.log(cfg.latency_s) - cfg.lognormal_sigma ** 2 / 2    # mean == latency_s
+    return float(rng.lognormal(mu, cfg.lognormal_sigma))
+
+
 class SimInference:
     fills_rewards = True
 
-    def __init__(self, cfg: SimInferenceConfig, seed: int, weight_bytes: int = 0, clock=time.monotonic):
+    def __init__(self, cfg: SimInferenceConfig, seed: int, weight_bytes: int = 0, clock=time.monotonic,
+                 latency_seed: int = 0):
         self.cfg = cfg
+        self.latency_seed = latency_seed
         self.weight_bytes = weight_bytes
         self.rng = np.random.default_rng(seed)
         self.clock = clock
@@ -38,18 +53,10 @@ class SimInference:
         self._tie = itertools.count()
         self._produced = 0
 
-    def _latency(self) -> float:
-        c = self.cfg
-        if c.latency == "fixed":
-            return c.latency_s
-        if c.latency == "uniform":
-            return float(self.rng.uniform(c.latency_low_s, c.latency_high_s))
-        mu = np.log(c.latency_s) - c.lognormal_sigma ** 2 / 2    # mean == latency_s
-        return float(self.rng.lognormal(mu, c.lognormal_sigma))
-
     def add(self, req: GenRequest) -> None:
         now = self.clock()
-        heapq.heappush(self._heap, (now + self._latency(), next(self._tie), now, req))
+        latency = rollout_latency(self.cfg, self.latency_seed, req.request_id)
+        heapq.heappush(self._heap, (now + latency, next(self._tie), now, req))
 
     def num_active(self) -> int:
         return len(self._heap)
