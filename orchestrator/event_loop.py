@@ -33,7 +33,7 @@ from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
 from orchestrator.metrics import MetricsLog
 from orchestrator.prompts import PromptCursor
-from orchestrator.stamp import age_summary, sequence_stamps, stamp, token_ages
+from orchestrator.stamp import age_parts, age_summary, sequence_stamps, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink
 from orchestrator.validate import check_rollout
 from orchestrator.watcher import WeightWatcher
@@ -357,6 +357,7 @@ class EventLoop:
         every = self.cfg.run.checkpoint_every
         if msg.step == self.cfg.run.total_steps or (every and msg.step % every == 0):
             self.request_checkpoint(msg.step)
+        self.ship()          # the trainer is idle until the next batch: before any other work
 
     def _on_synced(self) -> None:
         if self.cfg.gpu_weights:
@@ -404,6 +405,7 @@ class EventLoop:
             resumed=first_after_resume,
             train_s=done.train_s, groups=info.groups,
             spanning=int((live & (heads != tails)).sum()), not_live=int((~live).sum()),
+            **age_parts(info.version, heads[live], tails[live]),
             **info.episode,
             **(self.bound.take_counts() if self.bound is not None else {}),
             **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})

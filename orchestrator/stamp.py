@@ -71,6 +71,16 @@ def sequence_stamps(offsets: np.ndarray, versions: np.ndarray,
     return heads, tails, live
 
 
+def age_parts(train_version: int, heads: np.ndarray, tails: np.ndarray) -> dict:
+    """Where head ages come from, per batch (live sequences' heads and tails): `span_max`, the most
+    versions one rollout's tokens span (tail - head: generation that outlived trainer steps; it
+    grows when inference is slow against training), and `tail_age_max`, the oldest newest token
+    (train_version - tail: a finished rollout waiting for its batch). A head age is the two summed."""
+    if not len(heads):
+        return {"span_max": None, "tail_age_max": None}
+    return {"span_max": int((tails - heads).max()), "tail_age_max": int((train_version - tails).max())}
+
+
 def age_summary(ages: np.ndarray) -> dict[str, Optional[float]]:
     if ages.size == 0:
         return {"age_max": None, "age_p99": None, "age_mean": None}

@@ -149,7 +149,8 @@ def test_partial_rollouts_span_versions_and_age_uses_the_head(tmp_path):
 
 def test_age_statistics_are_over_each_rollouts_head(tmp_path):
     """age_max / age_p99 / age_mean are over the head (oldest live loss-masked version) of each
-    rollout of the batch, recomputed here from the persisted batches."""
+    rollout of the batch, recomputed here from the persisted batches; span_max (tail - head) and
+    tail_age_max (version - tail) split them into generation that outlived steps and waiting."""
     import numpy as np
     from orchestrator.durable import read_record
     from shm.codec import decode
@@ -160,9 +161,11 @@ def test_age_statistics_are_over_each_rollouts_head(tmp_path):
     assert sum(r["spanning"] for r in steps) > 0
     for r in steps:
         b = decode(read_record(str(tmp_path / "batches" / f"step_{r['step']:08d}.rec")))
-        heads = np.array([r["version"] - b.versions[b.seq(i)][b.loss_mask[b.seq(i)] == 1].min()
-                          for i in range(b.n)])
+        live = [b.versions[b.seq(i)][b.loss_mask[b.seq(i)] == 1] for i in range(b.n)]
+        heads = np.array([r["version"] - v.min() for v in live])
         assert r["age_max"] == heads.max()
+        assert r["span_max"] == max(int(v.max() - v.min()) for v in live)
+        assert r["tail_age_max"] == max(r["version"] - int(v.max()) for v in live)
         assert r["age_mean"] == pytest.approx(heads.mean())
         assert r["age_p99"] == pytest.approx(np.percentile(heads, 99))
 
