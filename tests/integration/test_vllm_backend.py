@@ -219,20 +219,26 @@ def test_unsupported_head_size_is_refused_clearly():
 
 
 def test_launch_end_to_end_with_vllm_inference(tmp_path):
+    """Two vLLM workers under the hard age bound M=2 (= S): continuous batching lets rollouts finish
+    out of admission order and span reloads, so the gate alone lets head ages pass S (issue #10
+    item 7: age 3-5 at S=2); the bound is what guarantees them, aborting in flight on vLLM. Each
+    step line's head age is at most its span_max + tail_age_max (a head age is the two summed)."""
     import psutil
 
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*")))
     run_dir = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}", "run.total_steps=4",
+        [sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}", "run.total_steps=8",
          "run.checkpoint_every=0", "run.progress=false", "inference.backend=vllm",
-         "actor.backend=torch", f"model.num_heads={HEADS}", "rollout.consumer_batch_size=4",
-         "rollout.group_size=4", "rollout.max_concurrent_rollouts=8", "eval.every_steps=0"],
+         "inference.num_workers=2", "actor.backend=torch", f"model.num_heads={HEADS}",
+         "rollout.consumer_batch_size=4", "rollout.group_size=4", "rollout.max_concurrent_rollouts=8",
+         "rollout.max_new_tokens=16", "rollout.max_observed_offpolicyness=2", "eval.every_steps=0"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     steps = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4]
-    assert all(r["age_max"] is None or r["age_max"] <= 2 for r in steps)
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    assert all(r["age_max"] <= 2 for r in steps)
+    assert all(r["age_max"] <= r["span_max"] + r["tail_age_max"] for r in steps)
     assert not psutil.Process().children(recursive=True)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "arl-vllm-model*"))) == before
 
