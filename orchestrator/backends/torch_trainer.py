@@ -31,10 +31,10 @@ Contract (TrainerBackend of base.py):
   its own part (`sharding.shard_writes`). `write_weights_tensor(buf)`: the whole layout into rank 0's
   GPU buffer (the CUDA IPC path; a gather every rank joins).
 - `snapshot()` -> `write(dir)`: the checkpoint's state copied now, written later (in a writer
-  thread while training goes on; see `snapshot`). `save(dir)` / `load(dir)`: one rank: `hf/` (an HF model directory: config, generation config,
-  safetensors weights, tokenizer files; what `AutoModelForCausalLM.from_pretrained` and vLLM load as
-  is, and what `load` reads the weights back from) and `optimizer.pt` (Adam state, step count, RNG
-  states); `load` also reads the `model.safetensors` of older checkpoints. Ranks (a collective):
+  thread while training goes on; see `snapshot`). `save(dir)` / `load(dir)`: one rank: `hf/` (an
+  HF model directory: config, generation config, safetensors weights, tokenizer files; what
+  `AutoModelForCausalLM.from_pretrained` and vLLM load as is, and what `load` reads the weights
+  back from) and `optimizer.pt` (Adam state, step count, RNG states); `load` also reads the `model.safetensors` of older checkpoints. Ranks (a collective):
   `dcp/`, `hf/` from rank 0, `trainer_state.pt` and `ranks.json` (see `save`); `load` refuses a
   checkpoint of another world size or sharding. The checkpoint commit fsyncs and checksums them.
 """
