@@ -153,6 +153,11 @@ class VllmConfig(_Section):
         True, description="after a weight reload, recompute in-flight requests' KV cache under the new "
                           "weights (exact logprobs, one re-prefill per reload); false keeps the stale KV "
                           "(prefix caching off)")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="vLLM tensor-parallel ranks per inference worker (<= 64): on GPU "
+                                    "the worker's share of inference.devices (set it equal to that share), "
+                                    "on CPU that many vLLM worker processes, each with "
+                                    "inference.threads_per_worker threads")
 
 
 class InferenceConfig(_Section):
@@ -542,12 +547,24 @@ class Config(_Section):
             raise ValueError(f"inference.devices has {len(inf.devices)} devices for "
                              f"inference.num_workers={inf.num_workers}: they must split evenly, the "
                              f"same whole number of devices per worker")
+        tp = inf.vllm.tensor_parallel_size
+        if tp > 1 and inf.backend != "vllm":
+            raise ValueError(f"inference.vllm.tensor_parallel_size={tp} with inference.backend "
+                             f"{inf.backend}: tensor parallel is vLLM's (inference.backend=vllm)")
+        if tp > 1 and inf.devices and len(inf.devices) // inf.num_workers != tp:
+            raise ValueError(f"inference.vllm.tensor_parallel_size={tp} but each of the "
+                             f"{inf.num_workers} inference workers gets "
+                             f"{len(inf.devices) // inf.num_workers} of inference.devices: give every "
+                             f"worker {tp} devices")
         return self
 
     @property
     def gpu_weights(self) -> bool:
-        """Weights travel over CUDA IPC: the trainer is on a GPU and inference is too."""
-        return bool(self.actor.rank_devices) and bool(self.inference.devices)
+        """Weights travel over CUDA IPC: the trainer is on a GPU and inference is too, one rank per
+        inference worker (vLLM tensor-parallel ranks are processes of their own: they read the
+        shared CPU buffer by name)."""
+        return (bool(self.actor.rank_devices) and bool(self.inference.devices)
+                and self.inference.vllm.tensor_parallel_size == 1)   # TP ranks read the shm buffer
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -62,6 +62,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             got = wbuf.read_into(in_place, timeout=30.0)
             backend.load_weights(got, in_place)
             return got
+        if getattr(backend, "loads_shared", False):   # ranks in other processes map the slot
+            return wbuf.read_shared(lambda where, got: backend.load_weights(got, where), timeout=30.0)
         return wbuf.read_with(lambda view, got: backend.load_weights(got, view[:nbytes]),
                               timeout=30.0)
 

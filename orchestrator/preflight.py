@@ -6,8 +6,9 @@ launcher exits 2). It creates nothing, starts nothing and only reads: /proc/driv
 this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
 - devices: every CUDA index in inference.devices and actor.device(s) exists on this machine (indices
   are physical: workers set CUDA_VISIBLE_DEVICES themselves);
-- CPUs: CPU threads of the run (inference.num_workers x inference.threads_per_worker when inference
-  runs on CPU, plus actor.threads when the trainer does) at most CPU_OVERSUBSCRIPTION per CPU;
+- CPUs: CPU threads of the run (inference.num_workers x inference.threads_per_worker, x vLLM's
+  tensor_parallel_size, when inference runs on CPU, plus actor.threads when the trainer does) at
+  most CPU_OVERSUBSCRIPTION per CPU;
 - task: task.name is a known task; its longest prompt (of the loaded prompt set when given) sizes
   the rings;
 - engine: with inference.backend=vllm, vLLM is installed, in the tested range
@@ -153,9 +154,11 @@ def cpu_count() -> int:
 def _check_cpus(cfg: Config) -> None:
     inf, parts, threads = cfg.inference, [], 0
     if not inf.devices:
-        threads += inf.num_workers * inf.threads_per_worker
+        tp = inf.vllm.tensor_parallel_size
+        threads += inf.num_workers * tp * inf.threads_per_worker
         parts.append(f"inference.num_workers={inf.num_workers} x "
-                     f"inference.threads_per_worker={inf.threads_per_worker}")
+                     + (f"inference.vllm.tensor_parallel_size={tp} x " if tp > 1 else "")
+                     + f"inference.threads_per_worker={inf.threads_per_worker}")
     if not cfg.actor.rank_devices:
         ranks = cfg.actor.world_size
         threads += ranks * cfg.actor.threads

@@ -71,7 +71,9 @@ class WorkerContext:
             raise ParentGone(3)
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL when the parent (the thread that spawned this process) exits; exit 3 at once if it
+    already has."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -82,7 +84,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _setup_process(spec: WorkerSpec) -> None:
-    _die_with_parent(spec.parent_pid)
+    die_with_parent(spec.parent_pid)
     ignore_in_worker()                             # the supervisor decides when we stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)   # blocked by the supervisor around spawn
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)

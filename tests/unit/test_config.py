@@ -259,3 +259,26 @@ def test_hard_age_bound_is_at_least_the_gate():
     assert load_config(None, ["rollout.max_observed_offpolicyness=2"]).rollout.max_observed_offpolicyness == 2
     with pytest.raises(ConfigError, match="below max_head_offpolicyness"):
         load_config(None, ["rollout.max_observed_offpolicyness=1"])
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["inference.backend=torch", "inference.vllm.tensor_parallel_size=2"], "tensor parallel is vLLM's"),
+    (["inference.backend=vllm", "inference.vllm.tensor_parallel_size=2", "inference.num_workers=2",
+      "inference.devices=['0','1']"], "gets 1 of inference.devices: give every worker 2 devices"),
+    (["inference.backend=vllm", "inference.vllm.tensor_parallel_size=0"], "tensor_parallel_size"),
+])
+def test_bad_tensor_parallel(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["actor.backend=torch", *overrides])
+    assert needle in str(err.value)
+
+
+def test_tensor_parallel_ranks_read_the_shared_buffer():
+    """T > 1 keeps one inference worker's devices as its ranks; weights go through the shm buffer
+    (CUDA IPC is one rank's path) even with the trainer on a GPU."""
+    cfg = load_config(None, ["actor.backend=torch", "inference.backend=vllm", "actor.device=4",
+                             "inference.devices=['0','1','2','3']", "inference.num_workers=2",
+                             "inference.vllm.tensor_parallel_size=2"])
+    assert cfg.inference.vllm.tensor_parallel_size == 2 and not cfg.gpu_weights
+    assert load_config(None, ["actor.backend=torch", "inference.backend=vllm", "actor.device=4",
+                              "inference.devices=['0','1']", "inference.num_workers=2"]).gpu_weights

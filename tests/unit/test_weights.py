@@ -87,18 +87,25 @@ def test_concurrent_publisher_never_yields_torn_snapshot():
         w.unlink()
 
 
-def test_read_with_retries_a_check_that_failed_on_a_rewritten_slot():
+@pytest.mark.parametrize("shared", [False, True], ids=["read_with", "read_shared"])
+def test_read_with_retries_a_check_that_failed_on_a_rewritten_slot(shared):
     """fn raises on content that is not all its version (as the sim backend checks): with a
     publisher rewriting both slots under a slow reader, fn sees torn slots and raises, yet
-    read_with only ever returns a version fn accepted, and a failure on a stable slot propagates."""
+    read_with only ever returns a version fn accepted, and a failure on a stable slot propagates.
+    read_shared: the same, fn reading through its own mapping of the segment by name (as vLLM's
+    tensor-parallel ranks do in their processes)."""
     name, nbytes, versions = _name("weights"), 1 << 20, 400
     w = WeightBuffer.create(name, nbytes)
+    maps: dict = {}
     try:
         proc = CTX.Process(target=_publisher, args=(name, versions, nbytes))
         proc.start()
         torn, accepted = [0], []
 
         def check(view, version):
+            if shared:
+                assert view.name == name and view.nbytes == nbytes
+                view = view.view(maps)
             got = np.frombuffer(view, np.uint8)
             first = got[:8].copy()
             time.sleep(0.002)                         # a slow check: publishes overlap it
@@ -108,15 +115,17 @@ def test_read_with_retries_a_check_that_failed_on_a_rewritten_slot():
                 raise ValueError(f"torn version {version}")
             accepted.append(version)
 
+        read = w.read_shared if shared else w.read_with
         last = -1
         while last < versions - 1:
-            v = w.read_with(check, timeout=30, min_version=last + 1 if last > versions // 2 else 0)
+            v = read(check, timeout=30, min_version=last + 1 if last > versions // 2 else 0)
             assert v == accepted[-1] and v >= last
             last = v
         proc.join(20)
         assert proc.exitcode == 0
+        assert torn[0] > 0                            # the publisher really overlapped the checks
         with pytest.raises(ValueError, match="torn version"):     # a stable slot: fn's error
-            w.read_with(lambda view, version: check(view, version + 1), timeout=1)
+            read(lambda view, version: check(view, version + 1), timeout=1)
     finally:
         w.close()
         w.unlink()
