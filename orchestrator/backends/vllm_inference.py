@@ -16,7 +16,8 @@ Contract (same observable behaviour as TorchInference):
   `inference.vllm` holds the engine settings (dtype, KV-cache size, max_model_len, ...), with
   defaults by platform: the context is the task's longest prompt + `rollout.max_new_tokens` (at most
   the model's), the KV cache holds `inference.max_batch` such sequences on CPU and is sized from
-  `gpu_memory_utilization` on GPU, CUDA graphs on GPU and eager on CPU. Process-wide
+  `gpu_memory_utilization` on GPU, CUDA graphs on GPU and eager on CPU, the engine in model.dtype on
+  CPU and in bfloat16 on GPU for a float32 model (`engine_dtype`). Process-wide
   side effects (a worker process owns its backend): VLLM_LOGGING_LEVEL defaults to ERROR, and on CPU
   OMP_NUM_THREADS / torch threads default to `inference.threads_per_worker`.
 - `add(req)`: one vLLM request with `n = req.n` samples, `temperature`, `max_tokens =
@@ -108,6 +109,16 @@ def context_length(cfg, hf_config, prompt_tokens: int) -> int:
 MIN_CPU_KV_BYTES = 64 << 20
 
 
+def engine_dtype(cfg) -> str:
+    """`inference.vllm.dtype`; `auto` is model.dtype (the trainer's, so logprobs match exactly) on
+    CPU, and on GPU bfloat16 for a float32 model (what serves a real model: half the memory and
+    the tensor cores; the reload casts the trainer's float32 weights) or model.dtype otherwise."""
+    vc, model = cfg.inference.vllm, cfg.model.dtype
+    if vc.dtype != "auto":
+        return vc.dtype
+    return "bfloat16" if cfg.inference.devices and model == "float32" else model
+
+
 def kv_cache_bytes(cfg, hf_config, context: int) -> Optional[int]:
     """`inference.vllm.kv_cache_memory_mb`; else None on GPU (vLLM sizes it from
     gpu_memory_utilization); on CPU the cache `inference.max_batch` sequences of `context` tokens
@@ -117,8 +128,7 @@ def kv_cache_bytes(cfg, hf_config, context: int) -> Optional[int]:
         return int(vc.kv_cache_memory_mb) << 20
     if cfg.inference.devices:
         return None
-    dtype = cfg.model.dtype if vc.dtype == "auto" else vc.dtype
-    width = 4 if dtype == "float32" else 2
+    width = 4 if engine_dtype(cfg) == "float32" else 2
     heads = int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
     per_token = 2 * int(hf_config.num_hidden_layers) * heads * head_dim_of(hf_config) * width
     need = int(cfg.inference.max_batch) * int(context) * per_token
@@ -177,7 +187,7 @@ class VllmInference:
         vc = cfg.inference.vllm
         eager = vc.enforce_eager if vc.enforce_eager is not None else not cfg.inference.devices
         return vllm_adapter.build_engine(
-            model_dir=model_dir, dtype=cfg.model.dtype if vc.dtype == "auto" else vc.dtype,
+            model_dir=model_dir, dtype=engine_dtype(cfg),
             seed=int(cfg.run.seed if sample_seed is None else sample_seed),
             max_model_len=self.max_seq_len, max_num_seqs=int(cfg.inference.max_batch),
             enforce_eager=eager, gpu_memory_utilization=vc.gpu_memory_utilization,

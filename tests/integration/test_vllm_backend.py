@@ -148,6 +148,39 @@ def test_logprobs_equal_the_trainer_recompute(backend, temperature):
     assert np.any(batch.logprobs[mask] < -0.01)
 
 
+def test_a_bf16_engine_reloads_a_float32_trainers_weights(backend):
+    """The GPU default (`engine_dtype`: bf16 for a float32 model), run on CPU: the reload casts the
+    trainer's float32 weights into the bf16 engine, which then samples from them (logprobs within
+    bf16 rounding of the trainer's recompute, far from the stale weights' distance)."""
+    from orchestrator.config import VllmConfig
+
+    cfg = _cfg(vllm=VllmConfig(dtype="bfloat16"))
+    inf = backend(cfg)
+    assert inf.engine.collective_rpc(
+        lambda self: str(next(self.model_runner.model.parameters()).dtype)) == ["torch.bfloat16"]
+    tr = _trainer(cfg, lr=1e-2)
+    task = DigitTask(cfg.task.name, 0)
+    groups = _run(inf, _requests(task, 0, 4, 8))
+    for g in groups:
+        g.rewards[:] = np.arange(g.n) % 2
+        g.advantages[:] = g.rewards - g.rewards.mean()
+    for _ in range(2):
+        assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+    buf = memoryview(bytearray(tr.weight_nbytes()))
+    tr.write_weights(buf)
+    reqs = _requests(task, 100, 6, 8)
+    stale = concat(_run(inf, reqs), kind=2, ident=1, version=0)
+    mask = stale.loss_mask.astype(bool)
+    stale_err = np.abs(tr.compute_logprobs(stale)[mask] - stale.logprobs[mask]).mean()
+    inf.load_weights(1, buf)
+    batch = concat(_run(inf, _requests(task, 100, 6, 8)), kind=2, ident=1, version=1)
+    mask = batch.loss_mask.astype(bool)
+    assert np.all(batch.versions[mask] == 1)
+    err = np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
+    print(f"bf16 engine: mean |vllm - trainer| {err.mean():.1e} (stale {stale_err:.1e}), max {err.max():.1e}")
+    assert err.mean() < 1e-2 < stale_err and err.max() < 5e-2
+
+
 def test_reload_mid_request_changes_outputs_and_stamps_versions(backend):
     cfg = _cfg()
     inf = backend(cfg)

@@ -8,7 +8,7 @@ import pytest
 from orchestrator.config import Config
 
 pytest.importorskip("torch")
-from orchestrator.backends.vllm_inference import context_length, kv_cache_bytes  # noqa: E402
+from orchestrator.backends.vllm_inference import context_length, engine_dtype, kv_cache_bytes  # noqa: E402
 
 # Qwen2.5-0.5B's attention shape
 QWEN05 = SimpleNamespace(max_position_embeddings=32768, num_hidden_layers=24, num_attention_heads=14,
@@ -54,3 +54,20 @@ def test_gpu_kv_cache_is_left_to_gpu_memory_utilization():
     cfg = _cfg()
     cfg.inference.devices = ["0"]
     assert kv_cache_bytes(cfg, QWEN05, 512) is None
+
+
+def test_engine_dtype_is_bf16_on_gpu_for_a_float32_model():
+    """auto: the trainer's dtype on CPU (logprobs match exactly); bf16 on GPU for a float32 model."""
+    cfg = _cfg()
+    for model, cpu, gpu in (("float32", "float32", "bfloat16"), ("bfloat16", "bfloat16", "bfloat16"),
+                            ("float16", "float16", "float16")):
+        cfg.model.dtype, cfg.inference.devices = model, []
+        assert engine_dtype(cfg) == cpu
+        cfg.inference.devices = ["0"]
+        assert engine_dtype(cfg) == gpu
+    cfg.model.dtype, cfg.inference.vllm.dtype = "float32", "float32"   # as set, anywhere
+    assert engine_dtype(cfg) == "float32"
+    cfg.inference.devices = []
+    cfg.model.dtype, cfg.inference.vllm.dtype = "float32", "bfloat16"
+    per_token = 2 * 24 * 2 * 64 * 2                        # the CPU cache in the engine's dtype
+    assert kv_cache_bytes(cfg, QWEN05, 512) == 64 * 512 * per_token * 5 // 4
