@@ -46,10 +46,25 @@ def _signal_and_check(proc, sig, to_group=False, settle=0.0):
     return err
 
 
+def _wait_for_handlers(proc, timeout=30.0):
+    """Until the launcher's first statement has installed its SIGTERM handler (the process's caught
+    signals in /proc): the earliest instant code of ours runs. Before it the interpreter is still
+    starting (site and .pth files), where a signal has Python's default effect for any program."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(f"/proc/{proc.pid}/status") as f:
+            caught = next(int(x.split()[1], 16) for x in f if x.startswith("SigCgt:"))
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the launcher installed no SIGTERM handler")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("delay", [0.05, 0.3, 0.8])
 def test_signal_during_startup(tmp_path, sig, delay):
     proc = _start(tmp_path, "run.total_steps=100")
+    _wait_for_handlers(proc)                                # the delay counts from there
     err = _signal_and_check(proc, sig, settle=delay)       # one line (after the run's summary
     lines = err.strip().splitlines()                         # paragraph when a step was trained)
     assert len([x for x in lines if not x.startswith("run summary: ")]) <= 1, err

@@ -18,12 +18,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm", reason="vllm is not installed")
 
-from orchestrator.backends.base import GenRequest  # noqa: E402
 from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: E402
 from orchestrator.backends.vllm_inference import VllmInference  # noqa: E402
 from orchestrator.config import (ActorConfig, Config, InferenceConfig, ModelConfig,  # noqa: E402
                                  RunConfig, TaskConfig)
 from shm.codec import concat  # noqa: E402
+from tests.integration.test_vllm_backend import _requests, _run  # noqa: E402
 from tests.workload import DigitTask  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
@@ -37,24 +37,6 @@ BF16_MEAN = 1e-2
 def _cuda(n: int) -> None:
     if not torch.cuda.is_available() or torch.cuda.device_count() < n:
         pytest.skip(f"needs {n} CUDA device(s)")
-
-
-def _requests(task, start, groups, n, max_new=6):
-    return [GenRequest(start + k, *task.train_prompt(start + k), n, max_new, 1.0)
-            for k in range(groups)]
-
-
-def _run(inf, reqs, limit=500):
-    for r in reqs:
-        inf.add(r)
-    got = {}
-    for _ in range(limit):
-        if not inf.num_active():
-            break
-        for res in inf.step(0.0):
-            got[res.request_id] = res.sequences
-    assert not inf.num_active(), "requests did not finish"
-    return [got[r.request_id] for r in reqs]
 
 
 def test_gpu_defaults_and_a_reload_from_the_trainers_cuda_buffer():
