@@ -84,6 +84,26 @@ def _run(inf, reqs, limit=500):
     return [got[r.request_id] for r in reqs] if reqs else [got[k] for k in sorted(got)]
 
 
+def _train_off_the_initial_policy(inf, tr, task, steps=1, temperature=1.0):
+    """Move the trainer off the initial (near-uniform) policy, as the torch backend's test does:
+    `steps` updates on 4 groups vLLM sampled, rewards alternating within each group."""
+    groups = _run(inf, _requests(task, 0, 4, 8, temperature))
+    for g in groups:
+        g.rewards[:] = np.arange(g.n) % 2
+        g.advantages[:] = g.rewards - g.rewards.mean()
+    for _ in range(steps):
+        assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+
+
+def _sample_and_compare(inf, tr, task, version, temperature=1.0):
+    """6 groups of 8 sampled by vLLM's current weights (a batch stamped `version`): the batch, its
+    loss mask, and |vLLM - trainer recompute| logprob on every masked token."""
+    batch = concat(_run(inf, _requests(task, 100, 6, 8, temperature)), kind=2, ident=1,
+                   version=version)
+    mask = batch.loss_mask.astype(bool)
+    return batch, mask, np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
+
+
 def test_generates_the_torch_inference_layout(backend):
     cfg = _cfg()
     inf = backend(cfg, sample_seed=11)
@@ -130,19 +150,12 @@ def test_logprobs_equal_the_trainer_recompute(backend, temperature):
     inf = backend(cfg)
     tr = _trainer(cfg, lr=1e-2, temperature=temperature)
     task = DigitTask(cfg.task.name, 0)
-    # move off the initial (near-uniform) policy first, as the torch backend's test does
-    groups = _run(inf, _requests(task, 0, 4, 8, temperature))
-    for g in groups:
-        g.rewards[:] = np.arange(g.n) % 2
-        g.advantages[:] = g.rewards - g.rewards.mean()
-    assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+    _train_off_the_initial_policy(inf, tr, task, temperature=temperature)
     buf = memoryview(bytearray(tr.weight_nbytes()))
     tr.write_weights(buf)
     inf.load_weights(1, buf)
-    batch = concat(_run(inf, _requests(task, 100, 6, 8, temperature)), kind=2, ident=1, version=1)
-    mask = batch.loss_mask.astype(bool)
+    batch, mask, err = _sample_and_compare(inf, tr, task, 1, temperature)
     assert np.all(batch.versions[mask] == 1)
-    err = np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
     print(f"T={temperature}: max |vllm - trainer| = {err.max():.2e} over {mask.sum()} tokens")
     assert err.max() < TOL
     assert np.any(batch.logprobs[mask] < -0.01)
@@ -160,23 +173,13 @@ def test_a_bf16_engine_reloads_a_float32_trainers_weights(backend):
         lambda self: str(next(self.model_runner.model.parameters()).dtype)) == ["torch.bfloat16"]
     tr = _trainer(cfg, lr=1e-2)
     task = DigitTask(cfg.task.name, 0)
-    groups = _run(inf, _requests(task, 0, 4, 8))
-    for g in groups:
-        g.rewards[:] = np.arange(g.n) % 2
-        g.advantages[:] = g.rewards - g.rewards.mean()
-    for _ in range(2):
-        assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+    _train_off_the_initial_policy(inf, tr, task, steps=2)
     buf = memoryview(bytearray(tr.weight_nbytes()))
     tr.write_weights(buf)
-    reqs = _requests(task, 100, 6, 8)
-    stale = concat(_run(inf, reqs), kind=2, ident=1, version=0)
-    mask = stale.loss_mask.astype(bool)
-    stale_err = np.abs(tr.compute_logprobs(stale)[mask] - stale.logprobs[mask]).mean()
+    stale_err = _sample_and_compare(inf, tr, task, 0)[2].mean()
     inf.load_weights(1, buf)
-    batch = concat(_run(inf, _requests(task, 100, 6, 8)), kind=2, ident=1, version=1)
-    mask = batch.loss_mask.astype(bool)
+    batch, mask, err = _sample_and_compare(inf, tr, task, 1)
     assert np.all(batch.versions[mask] == 1)
-    err = np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
     print(f"bf16 engine: mean |vllm - trainer| {err.mean():.1e} (stale {stale_err:.1e}), max {err.max():.1e}")
     assert err.mean() < 1e-2 < stale_err and err.max() < 5e-2
 
@@ -425,11 +428,7 @@ def test_tensor_parallel_ranks_reload_from_the_shared_buffer(backend):
     assert len(pids) == 2 and os.getpid() not in pids and pids <= {p.pid for p in ranks}
     tr = _trainer(cfg, lr=1e-2)
     task = DigitTask(cfg.task.name, 0)
-    groups = _run(inf, _requests(task, 0, 4, 8))
-    for g in groups:
-        g.rewards[:] = np.arange(g.n) % 2
-        g.advantages[:] = g.rewards - g.rewards.mean()
-    assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+    _train_off_the_initial_policy(inf, tr, task)
     wbuf = WeightBuffer.create(segment_name(f"{os.getpid()}-tp", "weights"), tr.weight_nbytes())
     try:
         wbuf.publish_from(tr.write_weights, tr.weight_nbytes(), 1)
@@ -437,10 +436,9 @@ def test_tensor_parallel_ranks_reload_from_the_shared_buffer(backend):
     finally:
         wbuf.close()
         wbuf.unlink()
-    batch = concat(_run(inf, _requests(task, 100, 6, 8)), kind=2, ident=1, version=1)
-    mask = batch.loss_mask.astype(bool)
+    batch, mask, err = _sample_and_compare(inf, tr, task, 1)
     assert np.all(batch.versions[mask] == 1)
-    assert np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask]).max() < TOL
+    assert err.max() < TOL
     inf.close()
     gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                                     timeout=30)

@@ -22,8 +22,8 @@ from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: E402
 from orchestrator.backends.vllm_inference import VllmInference  # noqa: E402
 from orchestrator.config import (ActorConfig, Config, InferenceConfig, ModelConfig,  # noqa: E402
                                  RunConfig, TaskConfig)
-from shm.codec import concat  # noqa: E402
-from tests.integration.test_vllm_backend import _requests, _run  # noqa: E402
+from tests.integration.test_vllm_backend import (  # noqa: E402
+    _sample_and_compare, _train_off_the_initial_policy)
 from tests.workload import DigitTask  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
@@ -53,19 +53,12 @@ def test_gpu_defaults_and_a_reload_from_the_trainers_cuda_buffer():
         tr = TorchTrainer(cfg.model, ActorConfig(backend="torch", lr=1e-2), cfg.task, seed=0,
                           device="0")
         task = DigitTask(cfg.task.name, 0)
-        groups = _run(inf, _requests(task, 0, 4, 8))
-        for g in groups:
-            g.rewards[:] = np.arange(g.n) % 2
-            g.advantages[:] = g.rewards - g.rewards.mean()
-        for _ in range(2):
-            assert tr.train_step(concat(groups, kind=2, ident=0, version=0))["skipped"] == 0
+        _train_off_the_initial_policy(inf, tr, task, steps=2)
         flat = torch.empty(tr.weight_nbytes(), dtype=torch.uint8, device="cuda:0")
         tr.write_weights_tensor(flat)
         inf.load_weights_tensor(1, flat)
-        batch = concat(_run(inf, _requests(task, 100, 6, 8)), kind=2, ident=1, version=1)
-        mask = batch.loss_mask.astype(bool)
+        batch, mask, err = _sample_and_compare(inf, tr, task, 1)
         assert np.all(batch.versions[mask] == 1)
-        err = np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask])
         print(f"GPU bf16 engine: mean |vllm - trainer| {err.mean():.1e}, max {err.max():.1e}")
         assert err.mean() < BF16_MEAN
     finally:
