@@ -157,7 +157,8 @@ def shm_need(cfg, sizes: RingSizes, weight_bytes: int) -> dict[str, int]:
             "rollout rings": workers * Ring.shm_bytes(sizes.out),
             "request rings": workers * Ring.shm_bytes(sizes.req) + Ring.shm_bytes(REQ_RING_BYTES),
             "control rings": (workers + 1) * Ring.shm_bytes(sizes.ctl),
-            "counters": (workers + 4) * PAGE}   # version, doorbell, a heartbeat per worker: a page each
+            "counters": (2 * workers + 4) * PAGE}   # version, doorbell, progress and liveness
+                                                      # words per worker: a page each
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,11 @@ class RunNames:
     def heartbeat(self, role: str, index: int, gen: int = 0) -> str:
         """A worker's progress word: monotonic milliseconds of its last main-loop turn."""
         return self._n(f"hb_{role}{index}g{gen}")
+
+    def liveness(self, role: str, index: int, gen: int = 0) -> str:
+        """A worker's liveness word: monotonic milliseconds stamped by its own thread
+        (`orchestrator.liveness`)."""
+        return self._n(f"lv_{role}{index}g{gen}")
 
 
 class Bell:

@@ -201,6 +201,11 @@ class ActorConfig(_Section):
                                "actor.device, or actor.num_ranks ranks on CPU")
     num_ranks: int = Field(1, ge=1, le=64, description="trainer ranks on CPU (gloo; <= 64); with "
                            "actor.devices it is len(actor.devices) (1 or that number may be given)")
+    liveness_timeout_s: float = Field(
+        30.0, ge=2, le=MAX_TIMEOUT_S,
+        description="a ready worker whose liveness thread stamps nothing for this long (the whole "
+                    "process stopped or frozen, e.g. SIGSTOP) is killed and handled as dead, "
+                    "whatever a step may cost (2 s .. 1 day)")
     sharding: Literal["auto", "none", "fsdp", "ddp"] = Field(
         "auto", description="how ranks share the model: fsdp (FSDP2 fully_shard: parameters, "
         "gradients and optimizer state sharded), ddp (replicated), none (one rank only); auto: "
@@ -265,6 +270,12 @@ class ActorConfig(_Section):
             twice = next(d for d in v if v.count(d) > 1)
             raise ValueError(f"device {twice!r} is listed twice (one trainer rank per device)")
         return v
+    liveness_timeout_s: float = Field(
+        30.0, ge=2, le=MAX_TIMEOUT_S,
+        description="liveness deadline of the trainer and of every trainer rank: a process whose "
+                    "liveness thread stamps nothing for this long (stopped or frozen, e.g. SIGSTOP) "
+                    "fails the run naming it, however long a step may legitimately take "
+                    "(actor.heartbeat_timeout_s) (2 s .. 1 day)")
 
     @model_validator(mode="after")
     def _decoupled_needs_recompute(self) -> "ActorConfig":

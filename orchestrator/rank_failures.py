@@ -8,7 +8,7 @@ Contract:
 - `proc_state(pid)`: the kernel's one-letter state of a process ('T': stopped), '' if unreadable.
 - `collective_error(error)`: whether a rank's Fatal line only says that a peer went away (a failed
   or timed-out collective), i.e. it is a consequence, not the cause.
-- `hang_message(silent, stopped, timeout_s)`: ranks went silent past the progress deadline. One
+- `hang_message(silent, stopped)`: ranks went silent past the progress or liveness deadline. One
   hung rank stalls the others in their next collective, so silence alone does not say which: the
   ranks the kernel shows stopped are named as the cause, else every silent rank.
 - `cause(errors, dead, fatal_index)`: once every rank reported or exited: a rank that died without
@@ -48,12 +48,14 @@ def collective_error(error: str) -> bool:
     return any(k in error for k in _COLLECTIVE)
 
 
-def hang_message(silent: dict[int, float], stopped: list[int], timeout_s: float) -> str:
+def hang_message(silent: dict, stopped: list[int]) -> str:
+    """`silent`: rank -> `liveness.Overdue` (how long, which deadline); `stopped`: ranks in state T."""
     ranks = sorted(stopped or silent)
     what = "stopped (SIGSTOP)" if stopped else "hung, or waiting in a collective on a hung rank"
-    return (f"trainer rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} made no "
-            f"progress for {max(silent[r] for r in ranks):.1f}s (actor.heartbeat_timeout_s="
-            f"{timeout_s}): {what}; every rank killed")
+    worst = max([silent[r] for r in ranks if r in silent] or list(silent.values()),
+                key=lambda o: o.silent_s)
+    return (f"trainer rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+            f"{worst.describe()}: {what}; every rank killed")
 
 
 def cause(errors: dict[int, str], dead: dict[int, tuple[int, int]],

@@ -16,12 +16,15 @@ checkpoint is taken); then workers are told to shut down and killed, all within
 Processes are only ever spawned from the main thread (PR_SET_PDEATHSIG is tied to the spawning
 thread). Every wait has a timeout.
 
-Liveness: every worker stamps its heartbeat word (monotonic ms) on each main-loop turn; a ready
-worker silent for longer than its role's `heartbeat_timeout_s` (SIGSTOP, a step that never ends) is
-killed: a hung inference worker is then handled like a dead one (prompts re-dispatched, restart),
-a hung trainer fails the run naming it (exit 1, last checkpoint valid). Trainer ranks fail
-together (a rank's death breaks the others' collectives): the run names the cause (`_ranks_failed`,
-`_ranks_hung`) and every rank is killed, so none is left waiting on a collective. Signals come through
+Liveness (`orchestrator.liveness`): every worker stamps its progress word (monotonic ms) on each
+main-loop turn and its liveness word from a thread of its own; a ready worker whose progress is
+older than its role's `heartbeat_timeout_s` (a step that never ends) or whose liveness is older than
+its role's `liveness_timeout_s` (SIGSTOP: the whole process frozen, noticed within seconds however
+long a step may take) is killed: a hung inference worker is then handled like a dead one (prompts
+re-dispatched, restart), a hung trainer fails the run naming it (exit 1, last checkpoint valid).
+Trainer ranks fail together (a rank's death breaks the others' collectives): the run names the
+cause (`_ranks_failed`, `_ranks_hung`) and every rank is killed, so none is left waiting on a
+collective. Signals come through
 `orchestrator.signals.StopSignals` (installed by launch before anything else): a signal during
 startup or resume recovery stops at the next check with exit 128+signal; workers ignore SIGINT and
 SIGTERM, so one sent to the whole process group drains like one sent to the supervisor.
@@ -40,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator import messages, rank_failures, scratch
+from orchestrator import liveness, messages, rank_failures, scratch
 from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send,
                                    weight_nbytes)
 from orchestrator.config import Config
@@ -70,7 +73,8 @@ class Resources:
     trainer_ctl: object = None                    # trainer rank 0 (the one that reports)
     rank_ctl: list = field(default_factory=list)  # trainer ranks 1.. (Ready, Fatal)
     batches: object = None
-    heartbeats: dict = field(default_factory=dict)   # (role, index) -> SharedCounter
+    heartbeats: dict = field(default_factory=dict)   # (role, index) -> progress SharedCounter
+    liveness: dict = field(default_factory=dict)     # (role, index) -> liveness SharedCounter
     owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
     sizes: RingSizes = field(default_factory=RingSizes)   # ring capacities (channels.ring_sizes)
 
@@ -150,7 +154,7 @@ class Supervisor:
         self.restarts = 0
         self.loop: Optional[EventLoop] = None
         self._stop = self.signals.event
-        self._hung: dict[tuple[str, int], float] = {}   # killed for silence: key -> silent seconds
+        self._hung: dict[tuple[str, int], liveness.Overdue] = {}   # killed for silence: key -> why
         self._rank_hang = ""          # trainer ranks killed for silence: what the run reports
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
         self.scratch = ""             # per-run temporary directory (orchestrator.scratch)
@@ -231,10 +235,8 @@ class Supervisor:
             hung = self._hung.pop((role, i), None)
             if hung is not None and role == "trainer":
                 raise RunFailed(
-                    f"trainer worker {i} (pid {p.pid}) made no progress for {hung:.1f}s "
-                    f"(actor.heartbeat_timeout_s={self.cfg.actor.heartbeat_timeout_s}): hung or "
-                    f"stopped, killed; the last checkpoint stays valid (resume with "
-                    f"run.resume=auto); {where}")
+                    f"trainer worker {i} (pid {p.pid}) {hung.describe()}: hung or stopped, "
+                    f"killed; the last checkpoint stays valid (resume with run.resume=auto); {where}")
             if role == "trainer" or startup:
                 extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"
                 raise RunFailed(f"{self._name(role, i)} (pid {p.pid}) died with exit code "
@@ -246,9 +248,11 @@ class Supervisor:
             del self.procs[(role, i)]
             self.restarts += 1
             log.warning("inference worker %d %s; restarting", i,
-                        f"hung for {hung:.1f}s" if hung is not None else f"died (exit {p.exitcode})")
+                        hung.describe() if hung is not None else f"died (exit {p.exitcode})")
             self.loop.metrics.write("event", event="worker_restart", worker=i, exitcode=p.exitcode,
-                                    restarts=self.restarts, hung_s=hung)
+                                    restarts=self.restarts,
+                                    hung_s=hung.silent_s if hung is not None else None,
+                                    hung=hung.kind if hung is not None else None)
             self.loop.worker_lost(i)
             self._respawn.put(self._fresh_rings(i))
 
@@ -281,41 +285,37 @@ class Supervisor:
         return RunFailed(head + tail)
 
     def _heartbeat(self, res: Resources, role: str, i: int, gen: int = 0) -> None:
+        """Fresh progress and liveness words for worker (role, i) of restart generation `gen`."""
         from shm.counter import SharedCounter
-        old = res.heartbeats.get((role, i))
-        res.heartbeats[(role, i)] = res.own(SharedCounter.create(res.names.heartbeat(role, i, gen)))
-        if old is not None:
-            res.disown(old)
+        for words, name in ((res.heartbeats, res.names.heartbeat), (res.liveness, res.names.liveness)):
+            old = words.get((role, i))
+            words[(role, i)] = res.own(SharedCounter.create(name(role, i, gen)))
+            if old is not None:
+                res.disown(old)
 
     def _check_heartbeats(self) -> None:
-        """Kill a ready worker whose heartbeat stalled; `_check_procs` then handles it as dead."""
-        now_ms = time.monotonic() * 1000
-        limits = {"trainer": self.cfg.actor.heartbeat_timeout_s,
-                  "inference": self.cfg.inference.heartbeat_timeout_s}
-        over = {}
-        for key, p in list(self.procs.items()):
-            hb = self.loop.res.heartbeats.get(key)
-            beat = hb.get() if hb is not None else 0
-            silent = (now_ms - beat) / 1000
-            if beat and p.exitcode is None and silent > limits[key[0]]:
-                over[key] = silent
+        """Kill a ready worker past its progress or liveness deadline (`liveness.overdue`);
+        `_check_procs` then handles it as dead."""
+        a, inf = self.cfg.actor, self.cfg.inference
+        limits = {role: {"progress": (f"{sec}.heartbeat_timeout_s", c.heartbeat_timeout_s),
+                         "liveness": (f"{sec}.liveness_timeout_s", c.liveness_timeout_s)}
+                  for role, sec, c in (("trainer", "actor", a), ("inference", "inference", inf))}
+        over = liveness.overdue(self.procs, self.loop.res.heartbeats, self.loop.res.liveness, limits)
         ranks = [k for k in over if k[0] == "trainer"]
         if ranks and self.cfg.actor.world_size > 1:
             self._ranks_hung({k: over.pop(k) for k in ranks})
-        for key, silent in over.items():
+        for key, why in over.items():
             p = self.procs[key]
-            log.error("%s worker %d (pid %s) made no progress for %.1fs: killing it",
-                      key[0], key[1], p.pid, silent)
-            self._hung[key] = silent
+            log.error("%s worker %d (pid %s) %s: killing it", key[0], key[1], p.pid, why.describe())
+            self._hung[key] = why
             p.kill()
             p.join(2.0)
 
     def _ranks_hung(self, silent: dict) -> None:
-        """Trainer ranks went silent: name them (rank_failures.hang_message) and kill every rank, so
-        none is left waiting on a collective."""
+        """Trainer ranks went silent (key -> `liveness.Overdue`): name them
+        (rank_failures.hang_message) and kill every rank, so none is left waiting on a collective."""
         stopped = [k[1] for k in silent if rank_failures.proc_state(self.procs[k].pid) == "T"]
-        self._rank_hang = rank_failures.hang_message({k[1]: v for k, v in silent.items()}, stopped,
-                                                     self.cfg.actor.heartbeat_timeout_s)
+        self._rank_hang = rank_failures.hang_message({k[1]: v for k, v in silent.items()}, stopped)
         log.error("%s", self._rank_hang)
         ranks = [p for (role, _), p in self.procs.items() if role == "trainer"]
         for p in ranks:

@@ -2,8 +2,9 @@
 
 `worker_entry(spec, main)` is the spawn target: it dies with the supervisor (PR_SET_PDEATHSIG plus a
 parent-pid watch), pins its devices (CUDA_VISIBLE_DEVICES before any torch import) or CPU threads,
-logs to `run.dir/logs/<role><index>.log`, attaches its control ring and heartbeat word, runs
-`main(spec, ctx)`, and on any exception sends a `Fatal` message with the traceback before exiting 1.
+logs to `run.dir/logs/<role><index>.log`, attaches its control ring and heartbeat word, starts its
+liveness thread (`orchestrator.liveness.Stamper`: a word stamped whatever the main loop does, so a
+stopped process is told from a slow step), runs `main(spec, ctx)`, and on any exception sends a `Fatal` message with the traceback before exiting 1.
 Workers ignore SIGINT and SIGTERM (the supervisor stops them: Shutdown, then SIGKILL). Every main
 loop calls `ctx.check_parent()` once per turn, which also stamps the heartbeat (monotonic ms) that
 the supervisor's progress deadline reads; long operations call `ctx.beat()` around themselves.
@@ -24,6 +25,7 @@ from typing import Callable
 
 from orchestrator import messages
 from orchestrator.channels import Bell, RunNames, send
+from orchestrator.liveness import Stamper
 from orchestrator.signals import SIGNALS, ignore_in_worker
 
 PR_SET_PDEATHSIG = 1
@@ -116,6 +118,8 @@ def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], N
     ctl = Ring.attach(spec.names.ctl(spec.role, spec.index, spec.gen))
     bell = Bell.attach(spec.names.bell)
     heartbeat = SharedCounter.attach(spec.names.heartbeat(spec.role, spec.index, spec.gen))
+    alive = SharedCounter.attach(spec.names.liveness(spec.role, spec.index, spec.gen))
+    stamper = Stamper(alive).start()
     ctx = WorkerContext(spec, ctl, bell, heartbeat)
     code = 0
     try:
@@ -135,10 +139,12 @@ def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], N
         except Exception:
             pass
     finally:
+        stamper.stop()
         logging.shutdown()
         ctl.close()
         bell.close()
         heartbeat.close()
+        alive.close()
     if hard_exit:
         for stream in (sys.stdout, sys.stderr):
             try:

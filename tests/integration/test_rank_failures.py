@@ -3,6 +3,7 @@ run fails within a bounded time naming the rank, no rank is left waiting on a co
 or /dev/shm entry is left behind, and the last checkpoint stays valid and resumable."""
 import os
 import signal
+import time
 
 import psutil
 
@@ -46,9 +47,14 @@ def test_killed_rank_fails_the_run_naming_it(tmp_path):
     assert f"resumes 1 (at step {step})" in out.stderr
 
 
-def test_stopped_rank_is_caught_by_the_progress_deadline(tmp_path):
-    proc = start(tmp_path, *RANKS, "actor.heartbeat_timeout_s=3", config=CONFIG)
+def test_stopped_rank_is_caught_by_the_liveness_deadline(tmp_path):
+    """The progress deadline stays at its 600 s default: the stopped rank's own liveness thread
+    goes silent with it."""
+    proc = start(tmp_path, *RANKS, "actor.liveness_timeout_s=3", config=CONFIG)
     wait_for_step(proc, tmp_path, 4, timeout=120)
+    deadline = time.monotonic() + 60             # a committed checkpoint to come back to
+    while checkpoint.find_resumable(str(tmp_path)).path is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     victim = worker_pids(tmp_path)["trainer1"]
     os.kill(victim, signal.SIGSTOP)
     try:
@@ -57,7 +63,8 @@ def test_stopped_rank_is_caught_by_the_progress_deadline(tmp_path):
         if psutil.pid_exists(victim):
             os.kill(victim, signal.SIGCONT)
     line = error_lines(err)[-1]
-    assert "trainer rank 1 made no progress" in line and "stopped (SIGSTOP)" in line, err
+    assert "trainer rank 1 stopped answering" in line and "actor.liveness_timeout_s=3" in line, err
+    assert "stopped (SIGSTOP)" in line, err
     _resumable(tmp_path)
 
 
