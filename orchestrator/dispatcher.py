@@ -4,6 +4,14 @@ It knows workers only as request rings and load counts; it does not know the gat
 `pump()` moves prompts from the in-queue to the least-loaded live worker (never while paused, never
 blocking: a full ring leaves the prompt queued) and returns what it submitted, so the caller can
 account for it. Finished groups are appended to the out-queue in completion order.
+
+Nothing here blocks on a worker: control messages (`control(worker, msg)`: LoadWeights, Abort;
+`broadcast(msg)` to every live worker) go to a per-worker outbox that `flush()` (called by `pump()`,
+paused or not) moves onto the worker's ring without waiting; a worker whose outbox is not empty gets
+no new prompt, so each ring still carries every message in the order it was issued (the hard age
+bound relies on a request following every LoadWeights issued before it). A stalled worker's
+outbox holds at most its aborts and the reloads issued meanwhile until the liveness or progress
+deadline replaces it; `mark_dead` drops it.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ class Dispatcher:
         self.inflight: dict[int, tuple[int, messages.Generate]] = {}   # request_id -> (worker, msg)
         self.load = [0] * len(self.rings)
         self.live = [True] * len(self.rings)
+        self.outbox: list[deque[messages.Msg]] = [deque() for _ in self.rings]
         self.paused = False
 
     # ---------------------------------------------------------------- input side
@@ -38,11 +47,12 @@ class Dispatcher:
     def _pick(self) -> Optional[int]:
         best = None
         for i, ok in enumerate(self.live):
-            if ok and (best is None or self.load[i] < self.load[best]):
+            if ok and not self.outbox[i] and (best is None or self.load[i] < self.load[best]):
                 best = i
         return best
 
     def pump(self) -> list[messages.Generate]:
+        self.flush()
         submitted = []
         while self.in_queue and not self.paused:
             w = self._pick()
@@ -82,14 +92,35 @@ class Dispatcher:
         return len(self.out_queue) >= self.queue_size
 
     # ---------------------------------------------------------------- workers
-    def broadcast(self, msg: messages.Msg, timeout: float = 10.0) -> None:
-        for i, ring in enumerate(self.rings):
-            if self.live[i]:
-                send(ring, msg, timeout=timeout)
+    def control(self, worker: int, msg: messages.Msg) -> None:
+        """Queue a control message for `worker` (ahead of any later prompt) and try to send it."""
+        self.outbox[worker].append(msg)
+        self.flush(worker)
+
+    def broadcast(self, msg: messages.Msg) -> None:
+        for i, ok in enumerate(self.live):
+            if ok:
+                self.control(i, msg)
+
+    def flush(self, worker: Optional[int] = None) -> int:
+        """Move queued control messages onto their rings, in order, without waiting."""
+        n = 0
+        for i in range(len(self.rings)) if worker is None else (worker,):
+            box = self.outbox[i]
+            while box:
+                try:
+                    send(self.rings[i], box[0], timeout=0.0)
+                except TimeoutError:
+                    break
+                box.popleft()
+                n += 1
+        return n
 
     def mark_dead(self, worker: int) -> list[messages.Generate]:
-        """Take a worker out of rotation; return its in-flight requests (for re-dispatch)."""
+        """Take a worker out of rotation; return its in-flight requests (for re-dispatch). Its
+        queued control messages are dropped (its restart gets fresh rings and its own reload)."""
         self.live[worker] = False
+        self.outbox[worker].clear()
         lost = [m for rid, (w, m) in list(self.inflight.items()) if w == worker]
         for m in lost:
             del self.inflight[m.request_id]
@@ -98,4 +129,4 @@ class Dispatcher:
 
     def depths(self) -> dict[str, int]:
         return {"in_queue": len(self.in_queue), "out_queue": len(self.out_queue),
-                "inflight": len(self.inflight)}
+                "inflight": len(self.inflight), "outbox": sum(len(b) for b in self.outbox)}

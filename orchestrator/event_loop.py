@@ -167,7 +167,7 @@ class EventLoop:
         """A restarted worker is ready: load the latest published weights first, then serve."""
         version = self.counter.get()
         if self.res.weights.latest_version() >= 0 or version > 0:
-            send(self.dispatcher.rings[i], messages.LoadWeights(version=version))
+            self.dispatcher.control(i, messages.LoadWeights(version=version))
         if self.bound is not None:            # a fresh process serves from exactly this version
             self.bound.restarted(i, version)
         self.dispatcher.live[i] = True
@@ -297,8 +297,8 @@ class EventLoop:
         version = self.built
         for rid in self.bound.doomed(version):
             entry = self.dispatcher.cancel(rid)
-            if entry is not None:
-                send(self.dispatcher.rings[entry[0]], messages.Abort(request_id=rid), timeout=10.0)
+            if entry is not None:          # never waits on the worker (Dispatcher.control)
+                self.dispatcher.control(entry[0], messages.Abort(request_id=rid))
             self.gate.on_rejected()
             self._readmit(rid)
         keep = []
