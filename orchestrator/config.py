@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
+                      ValidationError, field_validator, model_validator)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -536,6 +536,14 @@ class Config(_Section):
                              f"ddp or auto")
         if inf.backend == "sim" and self.actor.backend != "sim":
             raise ValueError("inference.backend sim needs actor.backend sim (no model to train)")
+    """The whole run. `notes`: warnings from `load_config` for the launcher to print (not part of the
+    resolved config)."""
+
+    @property
+    def notes(self) -> list[str]:
+        return self._notes
+
+    _notes: list[str] = PrivateAttr(default_factory=list)
         if self.actor.backend == "sim" and inf.backend != "sim":
             raise ValueError("actor.backend sim needs inference.backend sim")
         if inf.backend == "sim" and inf.devices:
@@ -550,7 +558,8 @@ class Config(_Section):
                              "text to reward (use torch or vllm)")
         if task.dataset is not None and self.eval.every_steps and task.eval_dataset is None:
             raise ValueError(f"eval.every_steps={self.eval.every_steps} with task.dataset needs "
-                             f"task.eval_dataset (or eval.every_steps=0)")
+                             f"task.eval_dataset (or eval.every_steps=0; load_config turns eval off "
+                             f"with a warning)")
         if len(devices) != len(inf.devices):
             twice = next(d for d in inf.devices if inf.devices.count(d) > 1)
             raise ValueError(f"inference.devices lists device {twice!r} twice (one inference worker "
@@ -734,6 +743,27 @@ def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) ->
     for ov in overrides:
         apply_override(data, ov)
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_error(err)) from None
+    keys = {ov.partition("=")[0].strip() for ov in overrides}
+    if "task.dataset" in keys and "task.name" not in keys and isinstance(data.get("task"), dict):
+        data["task"].pop("name", None)      # your data on the command line replaces the file's task
+    notes = _eval_without_eval_set(data)
+    cfg._notes.extend(notes)
+    return cfg
+
+
+def _eval_without_eval_set(data: dict) -> list[str]:
+    """Eval rounds asked for on task.dataset without task.eval_dataset: eval is off, with one note
+    (the launcher prints it as a warning) instead of an error."""
+    task, ev = data.get("task"), data.get("eval")
+    if not (isinstance(task, dict) and isinstance(ev, dict)) or task.get("dataset") is None \
+            or task.get("eval_dataset") is not None:
+        return []
+    every = ev.get("every_steps")
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+        return []
+    ev["every_steps"] = 0
+    return [f"eval.every_steps={every} with task.dataset and no task.eval_dataset: eval is off "
+            f"(set task.eval_dataset to evaluate)"]

@@ -81,7 +81,7 @@ def _run(cfg, plan, stop, task) -> int:
     logging.basicConfig(filename=f"{log_hint}/supervisor.log", level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("orchestrator.launch")
-    for w in plan.warnings:
+    for w in cfg.notes + plan.warnings:
         log.warning("%s", w)
         print(f"warning: {w}", file=sys.stderr)
     progress = Progress(cfg.run.total_steps, start=plan.start_step, enabled=cfg.run.progress,

@@ -121,3 +121,33 @@ def test_user_model_data_and_reward_end_to_end(hf_model_dir, tmp_path, monkeypat
     assert subprocess.run([sys.executable, "-m", "orchestrator.export", str(run_dir), "--step", "3",
                            str(step3)], cwd=ROOT, capture_output=True, timeout=120).returncode == 0
     assert (step3 / "config.json").exists() and (step3 / "tokenizer.json").exists()
+
+
+def test_readme_first_command_runs_as_pasted(hf_model_dir, tmp_path):
+    """The README's first command on your own data, on top of the embedded default job (its
+    task.name=copy2 and eval.every_steps=200): your data replaces the built-in task, and eval
+    without an eval set is off with one warning line instead of exit 2."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(l for l in readme.splitlines()
+                if l.startswith("python -m orchestrator.launch model.path="))
+    rows = [{"question": f"What is {i} plus {i}? Answer after ####.", "answer": f"#### {2 * i}"}
+            for i in range(12)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    args = []
+    for arg in line.split()[3:]:
+        key, _, _ = arg.partition("=")
+        args.append({"model.path": f"model.path={hf_model_dir}",
+                     "task.dataset": f"task.dataset={tmp_path / 'train.jsonl'}",
+                     "run.dir": f"run.dir={tmp_path / 'run'}"}.get(key, arg))
+    assert [a.partition("=")[0] for a in args][:4] == ["model.path", "task.dataset",
+                                                       "task.prompt_field", "task.reward"]
+    out = launch(*args, "run.total_steps=2", "run.progress=false")
+    assert out.returncode == 0, out.stderr[-3000:]
+    warnings = [l for l in out.stderr.splitlines() if l.startswith("warning:")]
+    assert warnings == ["warning: eval.every_steps=200 with task.dataset and no task.eval_dataset: "
+                        "eval is off (set task.eval_dataset to evaluate)"]
+    assert [r["step"] for r in steps(tmp_path / "run")] == [1, 2]
+    resolved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "name: dataset" in resolved and "copy2" not in resolved
+    both = launch(*args, "task.name=copy2", "run.total_steps=2")          # both named: still a clash
+    assert both.returncode == 2 and "task.name='copy2' and task.dataset are exclusive" in both.stderr
