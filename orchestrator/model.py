@@ -15,8 +15,9 @@ Contract:
   with `torch.frombuffer` (no intermediate copy). A buffer of the wrong size raises ValueError.
   `bind_flat(model)` moves a CPU model's parameters into one flat buffer of that layout and returns
   it: bytes read into it are the weights (an inference reload is one copy).
-- `export_hf(model, tokenizer, out)`: `save_pretrained` of both (safetensors; tied embeddings
-  stored once), without progress bars: a directory transformers and vLLM load as is.
+- `export_hf(model, tokenizer, out, state_dict=None)`: `save_pretrained` of both (safetensors;
+  tied embeddings stored once, also from a copied or gathered `state_dict`: `tied_aliases`),
+  without progress bars: a directory transformers and vLLM load as is.
 - `weight_nbytes_for(cfg)`: the flat size for a run config, from a model built on the meta device
   (no parameter memory, no weights read).
 """
@@ -134,10 +135,22 @@ def build_model(model_cfg, vocab_size: int, seed: int):
     return model.to(dtype).eval()
 
 
+def tied_aliases(model) -> set[str]:
+    """Second names of shared parameters (a tied LM head: `lm_head.weight` when it is the
+    embedding): `state_dict()` lists them, `named_parameters()` and the flat layout do not."""
+    first = {n for n, _ in model.named_parameters()}
+    return {n for n, _ in model.named_parameters(remove_duplicate=False)} - first
+
+
 def export_hf(model, tokenizer, out: str, state_dict: Optional[dict] = None) -> None:
     """An HF model directory: config.json, generation_config.json, safetensors weights (tied
     embeddings stored once, as transformers does) and the tokenizer files (chat template included).
-    `state_dict`: the full weights to write instead of the model's own (a sharded model's)."""
+    `state_dict`: the full weights to write instead of the model's own (a copy, or a sharded
+    model's gathered weights); the model's tied aliases are dropped from it, since a copied state
+    dict no longer shares the tied tensor and transformers would store it twice."""
+    if state_dict is not None:
+        drop = tied_aliases(model)
+        state_dict = {k: v for k, v in state_dict.items() if k not in drop}
     with quiet_hf():
         model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(out)
