@@ -18,9 +18,13 @@ Contract (`AgeBound(M, workers, version)`, owned by the event loop, which acts o
 - `too_old(group, version)`: a finished group whose head (oldest loss-masked live token) is below
   version - M; the loop drops it before it enters a batch of that version and re-admits its prompt.
   Groups without live tokens (replayed, external) carry no age and are never dropped.
+- Per request, everything is released when the request ends: `floor` when it finishes, is put back
+  or is aborted; an aborted id (`aborted_ids`: a result may still arrive) when its worker answers the
+  Abort (`abort_done`: nothing of it will come, or its late result arrived), or its worker dies
+  (`worker_lost`). `pending_aborts()` is how many await that answer (bounded by what was in flight).
 - Counters since the last step line: `aborted` (rollouts aborted in flight), `dropped` (finished
   groups dropped), `wasted_tokens` (loss-masked tokens of dropped groups and of aborted rollouts
-  whose result arrived anyway); `take_counts()` returns and resets them.
+  whose result arrived anyway); `take_counts()` returns and resets them, with `aborts_pending`.
 """
 from __future__ import annotations
 
@@ -35,7 +39,10 @@ class AgeBound:
         self.max_age = max_age
         self.sent = [version] * workers           # last LoadWeights version put on each ring
         self.floor: dict[int, int] = {}           # request id in flight -> lower bound of its head
-        self.aborted_ids: set[int] = set()        # aborted; a result may still arrive
+        self.worker: dict[int, int] = {}          # request id in flight -> its worker
+        self.aborted_ids: dict[int, int] = {}     # aborted, not over yet -> its worker
+        self._result_seen: set[int] = set()       # aborted ones whose late result arrived
+        self._answer_seen: set[int] = set()       # aborted ones whose worker said a result was sent
         self._heads: dict[int, Optional[int]] = {}  # finished group id -> its head (computed once)
         self.aborted = self.dropped = self.wasted_tokens = 0
 
@@ -49,10 +56,35 @@ class AgeBound:
 
     def dispatched(self, request_id: int, worker: int) -> None:
         self.floor[request_id] = self.sent[worker]
+        self.worker[request_id] = worker
 
     def forget(self, request_id: int) -> None:
         """Not in flight any more (finished, or put back in the queue after its worker died)."""
         self.floor.pop(request_id, None)
+        self.worker.pop(request_id, None)
+
+    def abort_done(self, request_id: int, result_sent: bool) -> None:
+        """The worker answered the Abort: with no result sent the request is over; with one, it is
+        over once that result arrives (`late_result`), which may have happened already."""
+        if request_id not in self.aborted_ids:
+            return
+        if result_sent and request_id not in self._result_seen:
+            self._answer_seen.add(request_id)   # its result is still on the way (another ring)
+        else:
+            self._end(request_id)
+
+    def _end(self, request_id: int) -> None:
+        del self.aborted_ids[request_id]
+        self._result_seen.discard(request_id)
+        self._answer_seen.discard(request_id)
+
+    def worker_lost(self, worker: int) -> None:
+        """A worker died: no answer or late result of its aborted requests will be read."""
+        for rid in [r for r, w in self.aborted_ids.items() if w == worker]:
+            self._end(rid)
+
+    def pending_aborts(self) -> int:
+        return len(self.aborted_ids)
 
     def can_start(self, built: int, workers) -> bool:
         """Whether a prompt admitted now could meet the bound on some live worker (its floor would
@@ -65,7 +97,7 @@ class AgeBound:
         out = [rid for rid, f in self.floor.items() if f < limit]
         for rid in out:
             del self.floor[rid]
-            self.aborted_ids.add(rid)
+            self.aborted_ids[rid] = self.worker.pop(rid)
         self.aborted += len(out)
         return out
 
@@ -89,13 +121,18 @@ class AgeBound:
     def late_result(self, group: Sequences) -> bool:
         """A result of an aborted request (it finished before the abort reached its worker): its
         tokens are wasted; the caller discards it."""
-        if group.ident not in self.aborted_ids:
+        rid = group.ident
+        if rid not in self.aborted_ids or rid in self._result_seen:
             return False
-        self.aborted_ids.discard(group.ident)
         self.wasted_tokens += int(group.loss_mask.sum())
+        if rid in self._answer_seen:        # answered already: the request ends here
+            self._end(rid)
+        else:                               # the answer is still on the way
+            self._result_seen.add(rid)
         return True
 
     def take_counts(self) -> dict[str, int]:
-        out = {"aborted": self.aborted, "dropped": self.dropped, "wasted_tokens": self.wasted_tokens}
+        out = {"aborted": self.aborted, "dropped": self.dropped, "wasted_tokens": self.wasted_tokens,
+               "aborts_pending": self.pending_aborts()}
         self.aborted = self.dropped = self.wasted_tokens = 0
         return out

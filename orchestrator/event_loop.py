@@ -137,6 +137,9 @@ class EventLoop:
         if isinstance(msg, messages.WeightsLoaded):
             if self.watcher.on_ack(msg.index, msg.version) is not None:
                 self._on_synced()
+        elif isinstance(msg, messages.Aborted):
+            if self.bound is not None:
+                self.bound.abort_done(msg.request_id, msg.result_sent)
         elif isinstance(msg, messages.StepDone):
             self._on_step_done(msg)
         elif isinstance(msg, messages.CheckpointSaved):
@@ -155,6 +158,8 @@ class EventLoop:
                 self.gate.on_enqueued()
                 self.redispatched.add(m.request_id)
             self.dispatcher.enqueue(m, front=True)
+        if self.bound is not None:
+            self.bound.worker_lost(i)
         if self.watcher.forget_worker(i) is not None:
             self._on_synced()
 

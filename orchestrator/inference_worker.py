@@ -67,7 +67,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
         return wbuf.read_with(lambda view, got: backend.load_weights(got, view[:nbytes]),
                               timeout=30.0)
 
-    reqs: dict[int, tuple[bool, int]] = {}        # request id -> (eval, dataset row)
+    reqs: dict[int, tuple[bool, int]] = {}        # request id -> (eval, dataset row), generating
+    running_episodes: set[int] = set()            # multi-turn request ids not emitted yet
 
     def requests_waiting() -> bool:
         head, tail = req.positions()
@@ -101,10 +102,12 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     got = load(msg.version)
                     ctx.beat()
                     ctx.send(messages.WeightsLoaded(index=spec.index, version=got))
-                elif isinstance(msg, messages.Abort):
+                elif isinstance(msg, messages.Abort):      # answered, so the supervisor can forget it
+                    live = msg.request_id in reqs or msg.request_id in running_episodes
                     backend.abort(msg.request_id)
                     reqs.pop(msg.request_id, None)
                     for key in episodes.cancel(msg.request_id) if episodes is not None else ():
+                        running_episodes.add(msg.request_id)
                         backend.abort(key)
                 elif isinstance(msg, messages.Shutdown):
                     return
@@ -120,8 +123,11 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 is_eval, row = reqs.pop(res.request_id, (False, -1))
                 seqs = res.sequences
                 seqs.kind = 1 if is_eval else 0
+                    running_episodes.discard(msg.request_id)
                 if rewards is None:
                     emit(seqs)
+                    ctx.send(messages.Aborted(index=spec.index, request_id=msg.request_id,
+                                              result_sent=not live))
                 else:
                     rewards.submit(seqs, row, is_eval)
             if rewards is not None:       # BadEnvOutput propagates: the run stops with exit 2
@@ -143,3 +149,4 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
 
 def main(spec: WorkerSpec) -> None:
     worker_entry(spec, _main)
+                    running_episodes.discard(seqs.ident)

@@ -68,6 +68,15 @@ class WeightsLoaded(Msg):
     version: int
 
 
+class Aborted(Msg):
+    """An inference worker handled `Abort(request_id)`. `result_sent`: the request had finished
+    before (its result was emitted or will be, e.g. from the reward threads); False: it was stopped
+    and nothing of it will ever be emitted."""
+    index: int
+    request_id: int
+    result_sent: bool
+
+
 class StepDone(Msg):
     step: int                 # 1-based trainer step just completed
     version: int              # policy version now published (== weights in the weight buffer)
@@ -89,7 +98,7 @@ class Fatal(Msg):
 
 
 Message = Union[Generate, LoadWeights, Abort, Shutdown, SaveCheckpoint, LoadCheckpoint, ReleaseWeights, Ready,
-                WeightsLoaded, StepDone, CheckpointSaved, Fatal]
+                WeightsLoaded, Aborted, StepDone, CheckpointSaved, Fatal]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -25,7 +25,7 @@ def test_floor_is_the_last_load_sent_on_the_ring():
     assert b.floor == {1: 0, 2: 3, 3: 3}
     assert b.doomed(2) == [] and b.doomed(3) == [1]        # 0 < 3 - 2: can no longer meet it
     assert b.doomed(6) == [2, 3] and b.floor == {}
-    assert b.take_counts() == {"aborted": 3, "dropped": 0, "wasted_tokens": 0}
+    assert b.take_counts() == {"aborted": 3, "dropped": 0, "wasted_tokens": 0, "aborts_pending": 3}
     assert b.take_counts()["aborted"] == 0
 
 
@@ -43,7 +43,7 @@ def test_finished_groups_judged_by_their_oldest_live_token():
     assert b.too_old(group(2, [4, 7, 7], [0, 1, 1]), 10)
     assert not b.too_old(group(3, [4, 9, 9], [0, 1, 1]), 10)    # the old token is not loss-masked
     assert not b.too_old(group(4, [-1, -1]), 100)              # replayed: no age
-    assert b.take_counts() == {"aborted": 0, "dropped": 1, "wasted_tokens": 2}
+    assert b.take_counts() == {"aborted": 0, "dropped": 1, "wasted_tokens": 2, "aborts_pending": 0}
 
 
 def test_late_result_of_an_aborted_request_is_wasted():
@@ -53,6 +53,25 @@ def test_late_result_of_an_aborted_request_is_wasted():
     assert b.late_result(group(9, [0, 0, 0]))
     assert not b.late_result(group(9, [0, 0, 0]))           # once
     assert not b.late_result(group(10, [1]))
+    assert b.take_counts()["wasted_tokens"] == 3
+
+
+def test_an_aborted_request_is_released_when_it_ends():
+    """Whichever comes first of the worker's answer and the late result; with nothing sent, the
+    answer alone ends it; a worker's death ends all of its own."""
+    b = AgeBound(0, workers=2, version=0)
+    for rid, w in ((1, 0), (2, 0), (3, 0), (4, 1), (5, 1)):
+        b.dispatched(rid, w)
+    assert b.doomed(1) == [1, 2, 3, 4, 5] and b.pending_aborts() == 5
+    b.abort_done(1, result_sent=False)                      # stopped: nothing will come
+    b.abort_done(2, result_sent=True)                       # answer first, then the result
+    assert b.pending_aborts() == 4 and b.late_result(group(2, [0]))
+    assert b.late_result(group(3, [0, 0])) and b.pending_aborts() == 3    # result first
+    assert not b.late_result(group(3, [0, 0]))              # counted once
+    b.abort_done(3, result_sent=True)
+    assert b.pending_aborts() == 2 and not b.late_result(group(3, [0]))
+    b.worker_lost(1)                                        # 4 and 5 never answer
+    assert b.pending_aborts() == 0 and b.aborted_ids == {} and b.floor == {} and b.worker == {}
     assert b.take_counts()["wasted_tokens"] == 3
 
 
