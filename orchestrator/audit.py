@@ -9,9 +9,12 @@ codec records of older runs) with ident K, version K-1 and B*group_size samples;
 trained twice, and when final every prompt of the stream 0..T*B-1 (mod task.num_train_prompts) is
 trained exactly once, group_size samples each. The prompt check assumes every batch holds all its
 groups (rollout.filter_zero_std=false): with the filter on, dropped groups count as never trained.
-With `run.keep_batches`, batch files of steps more than that many before k may be gone (pruned):
-they are counted (`batches_pruned`), the kept ones are checked, and "every prompt trained" cannot
-be (only "none twice").
+With `run.keep_batches`, batch files may be gone (pruned): they are counted (`batches_pruned`), the
+kept ones are checked, and "every prompt trained" cannot be (only "none twice"). Which ones may be
+gone is read from `checkpoints/retention.jsonl` (one line per checkpoint commit: its step c and the
+run.keep_batches N of the launch that committed it; steps <= c - N may be pruned from then on), so
+each stretch is judged by the retention in force when it was written, whatever the newest config
+says; run directories from before that file: steps more than config.yaml's run.keep_batches before k.
 Returns the check fields, `failures` (one string each) and `ok`.
 """
 from __future__ import annotations
@@ -61,6 +64,24 @@ def read_batch(path):
         return decode(f.read())
 
 
+def _prunable_upto(run_dir, keep, k: int) -> int:
+    """Batch files of steps <= this may have been deleted by retention (module docstring)."""
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "retention.jsonl"), "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:        # a run directory from before the retention history
+        return k - int(keep) if keep is not None else 0
+    upto = 0
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("keep_batches") is not None:
+                upto = max(upto, int(rec["step"]) - int(rec["keep_batches"]))
+        except (ValueError, TypeError, KeyError):      # a line cut by a crash
+            continue
+    return upto
+
+
 def audit(run_dir, final: bool = True) -> dict:
     """Check a run directory. final=False: a run in progress (steps 1..k for some k, no prompt
     trained twice so far). Returns the check fields plus `failures` (strings) and `ok`."""
@@ -96,14 +117,14 @@ def audit(run_dir, final: bool = True) -> dict:
     expected = Counter()
     for index in range(target * B):
         expected[index % num_train] += g
-    keep = cfg["run"].get("keep_batches")
+    prunable = _prunable_upto(run_dir, cfg["run"].get("keep_batches"), k)
     seen, batch_errors, pruned = Counter(), [], 0
     for step in range(1, k + 1):
         path = os.path.join(run_dir, "batches", f"step_{step:08d}.rec")
         try:
             b = read_batch(path)
         except FileNotFoundError:
-            if keep is not None and step <= k - int(keep):
+            if step <= prunable:
                 pruned += 1
             else:
                 batch_errors.append(f"step {step}: no batch file")

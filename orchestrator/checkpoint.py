@@ -1,17 +1,26 @@
 """Supervisor-side checkpoint files: the checkpoint directory protocol, validation, reuse.
 
 A checkpoint at step k is written to `checkpoints/step_k.partial/` (supervisor.json: step, gate
-counters, prompt cursor, prompts to redo, the resolved config; rollouts.rec: finished-but-untrained
-rollout groups as a checksummed record file; the trainer writes trainer/ into it), none of it
-fsynced yet. `commit` then fsyncs every file in it, writes MANIFEST.json (size and CRC32 of every
-file) last, renames the directory to `step_k/` (replacing whatever a killed commit or a rolled-back run left
-under that name) and names it in `checkpoints/latest`; every rename is followed by an fsync of
-its directory, so a host crash leaves either the old or the new checkpoint.
+counters, prompt cursor, prompts to redo, the resolved config, and per saved group its prompt
+stream index, size and scalars; rollouts.rec: finished-but-untrained rollout groups as a
+checksummed record file; the trainer writes trainer/ into it), none of it fsynced yet. `commit`
+then fsyncs every file in it, writes MANIFEST.json (size and CRC32 of every file) last, renames the
+directory to `step_k/` (replacing whatever a killed commit or a rolled-back run left under that
+name) and names it in `checkpoints/latest`; every rename is followed by an fsync of its directory,
+so a host crash leaves either the old or the new checkpoint. Last, it appends `{"step": k,
+"keep_batches": N}` (the run.keep_batches of the config that wrote it) to
+`checkpoints/retention.jsonl` (fsynced): batch files of steps <= k - N may be deleted from then on,
+and `orchestrator.audit` reads this history to tell a pruned batch from a lost one.
 
-Retention (`prune`, after each commit): the newest `run.keep_checkpoints` committed checkpoints
-stay, and those whose step is a multiple of `run.keep_checkpoint_every`; an older one is renamed to
-`step_k.stale` (fsync) and removed, so a kill mid-removal leaves a name no resume considers (the
-next resume deletes it). The checkpoint just committed is always among the kept.
+Retention (`prune`, after each commit): the newest `run.keep_checkpoints` *valid* committed
+checkpoints stay, and those whose step is a multiple of `run.keep_checkpoint_every`; a damaged one
+never counts toward the kept number (one newer than the oldest kept stays, for inspection; one
+older goes with the rest). An older one is renamed to `step_k.stale` (fsync) and removed, so a kill
+mid-removal leaves a name no resume considers (the next resume deletes it). The newest valid
+checkpoint, which is the one just committed (resume starts from the newest valid one, a roll-back
+deletes later ones), is therefore always kept. Validity is checked as resume does (`validate`),
+once per checkpoint and process: a checkpoint this process committed or validated is remembered
+by its manifest's inode, mtime and size.
 
 Resume never trusts `latest` alone: `find_resumable` validates checkpoints newest first (manifest,
 sizes, checksums, supervisor.json) and returns the newest complete one, with a warning for every
@@ -30,15 +39,19 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.durable import RecordError, atomic_write, fsync_dir, read_record, write_record
+import numpy as np
+
+from orchestrator.durable import RecordError, append_line, atomic_write, fsync_dir, read_record, write_record
 from shm.codec import CodecError, Sequences, concat, decode, encode
 
 MANIFEST = "MANIFEST.json"
 STATE = "supervisor.json"
 ROLLOUTS = "rollouts.rec"
+RETENTION = "retention.jsonl"
 _NAME = re.compile(r"step_(\d{8})\Z")
 _CRC_CHUNK = 8 << 20
 _STATE_KEYS = {"step": int, "cursor": int, "redo": list, "gate": dict}
+_VALID: dict[str, tuple] = {}     # checkpoint path -> its manifest's (inode, mtime, size) when valid
 
 
 class CheckpointError(ValueError):
@@ -71,12 +84,14 @@ def begin(run_dir: str, step: int) -> str:
 
 
 def write_state(tmp: str, state: dict, finished: list[tuple[int, Sequences]]) -> None:
-    """`finished`: (prompt stream index, group) of every finished-but-untrained rollout."""
+    """`finished`: (prompt stream index, group) of every finished-but-untrained rollout. The
+    record holds their sequences; `reuse` lists [index, size, scalars] per group (the record's
+    own scalars are per record, so each group's reward errors and episode fields live here)."""
     if finished:
         groups = [g for _, g in finished]
         write_record(os.path.join(tmp, ROLLOUTS),          # fsynced by commit, with the rest
                      encode(concat(groups, kind=0, ident=state["step"], version=-1)), durable=False)
-    state = dict(state, reuse=[[index, g.n] for index, g in finished])
+    state = dict(state, reuse=[[index, g.n, g.scalars.tolist()] for index, g in finished])
     atomic_write(os.path.join(tmp, STATE), json.dumps(state).encode(), durable=False)
 
 
@@ -118,6 +133,11 @@ def commit(tmp: str) -> str:
     os.replace(tmp, final)
     fsync_dir(parent)
     atomic_write(os.path.join(parent, "latest"), os.path.basename(final).encode())
+    _remember(final)
+    state = read_state(final)
+    keep = ((state.get("config") or {}).get("run") or {}).get("keep_batches")
+    append_line(os.path.join(parent, RETENTION),
+                json.dumps({"step": state["step"], "keep_batches": keep}).encode())
     return final
 
 
@@ -177,19 +197,45 @@ def committed(run_dir: str) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)
 
 
+def _signature(path: str) -> tuple:
+    st = os.stat(os.path.join(path, MANIFEST))
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _remember(path: str) -> None:
+    """`path` is a valid checkpoint (just committed or validated): prune need not check it again."""
+    _VALID[path] = _signature(path)
+
+
+def _is_valid(step: int, path: str) -> bool:
+    try:
+        if _VALID.get(path) == _signature(path):
+            return True
+        if validate(path)["step"] != step:
+            return False
+    except (OSError, CheckpointError):
+        return False
+    _remember(path)
+    return True
+
+
 def prune(run_dir: str, keep: Optional[int], every: Optional[int] = None) -> list[int]:
     """Delete committed checkpoints past the retention policy (module docstring); their steps."""
     if keep is None:
         return []
-    removed = []
-    for i, (step, path) in enumerate(committed(run_dir)):       # newest first
-        if i < keep or (every and step % every == 0):
+    removed, valid = [], 0
+    for step, path in committed(run_dir):       # newest first
+        if valid < keep:                        # within the window: kept; counted if valid
+            valid += _is_valid(step, path)
+            continue
+        if every and step % every == 0:
             continue
         stale = path + ".stale"
         if os.path.lexists(stale):
             shutil.rmtree(stale)
         os.replace(path, stale)
         fsync_dir(os.path.dirname(path))
+        _VALID.pop(path, None)
         shutil.rmtree(stale)
         removed.append(step)
     return removed
@@ -209,6 +255,7 @@ def find_resumable(run_dir: str, at_most: Optional[int] = None) -> Found:
         if state["step"] != step:
             skipped.append(f"{os.path.join(path, STATE)} says step {state['step']}")
             continue
+        _remember(path)
         return Found(path, state, skipped)
     return Found(None, None, skipped)
 
@@ -223,8 +270,11 @@ def load_finished(checkpoint: str, state: dict) -> list[tuple[int, Sequences]]:
     except (OSError, RecordError, CodecError) as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     out, start = [], 0
-    for index, n in reuse:
-        out.append((int(index), slice_group(saved, start, n)))
+    for index, n, *scalars in reuse:      # checkpoints from before per-group scalars: [index, n]
+        group = slice_group(saved, start, n)
+        if scalars:
+            group.scalars = np.asarray(scalars[0], np.float64)
+        out.append((int(index), group))
         start += n
     if start != saved.n:
         raise CheckpointError(f"{path} holds {saved.n} rollouts, supervisor.json lists {start}")

@@ -5,6 +5,8 @@ Contract
   After it returns the new content survives a host crash; a crash before leaves the old content.
 - `fsync_dir(path)`: make a directory's entries (renames, creations, removals) durable;
   `sync_files(paths)`: make files written with durable=False (and their directories) durable.
+- `append_line(path, line)`: append one line and fsync it (and the directory when the file is
+  new). A line cut by a crash is ended first, so it spoils only itself, never the next one.
 - `write_record(path, payload, compress=0)` / `read_record(path)`: a record file is a 32-byte header
   (magic b"ARLREC\\0\\1", or b"ARLREC\\0\\2" when the stored bytes are the payload compressed with
   zstd at level `compress`; stored length u64, CRC32 of the stored bytes u32, CRC32 of the header's
@@ -86,6 +88,24 @@ def _replace(path: str, chunks, durable: bool) -> None:
 def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
     """Replace `path` with `data` atomically (and durably unless durable=False)."""
     _replace(path, (data,), durable)
+
+
+def append_line(path: str, line: bytes) -> None:
+    """Append `line` (newline added) to `path` durably (module docstring)."""
+    new = not os.path.exists(path)
+    try:
+        with open(path, "ab+") as f:
+            if not new and os.path.getsize(path):
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":         # a line cut by a crash: end it
+                    f.write(b"\n")
+            f.write(line.rstrip(b"\n") + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise disk_full(exc, path) from None
+    if new:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def record_header(payload, magic: bytes = MAGIC) -> bytes:

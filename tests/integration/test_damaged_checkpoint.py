@@ -75,3 +75,23 @@ def test_damaged_batch_record_is_refused_not_misread(tmp_path):
     path.write_bytes(path.read_bytes()[:-7])
     with pytest.raises(RecordError, match="truncated"):
         read_record(str(path))
+
+
+def test_pruning_never_counts_a_damaged_checkpoint(tmp_path):
+    # checkpoints 5 and 10; 10 is damaged on disk; with run.keep_checkpoints=1 the resumed run
+    # commits 8: the damaged 10 must not count as the kept one, or 8 and 5 would both go
+    from orchestrator import checkpoint
+    assert run(tmp_path, *COMMON[:2], "run.total_steps=10", "run.keep_checkpoints=2").returncode == 0
+    _flip(_ckpt(tmp_path, 10) / "trainer" / "sim_trainer.json", 2)
+    out = run(tmp_path, "run.resume=must", *COMMON[:2], "run.total_steps=8", "run.checkpoint_every=0",
+              "run.keep_checkpoints=1")
+    assert out.returncode == 0, out.stderr
+    assert [s for s, _ in checkpoint.committed(str(tmp_path))] == [10, 8]   # 5 pruned, 10 kept aside
+    assert checkpoint.find_resumable(str(tmp_path)).path == str(_ckpt(tmp_path, 8))
+    out = run(tmp_path, "run.resume=must", *COMMON[:2], "run.total_steps=12", "run.keep_checkpoints=1")
+    assert out.returncode == 0, out.stderr
+    assert [r["step"] for r in steps(tmp_path) if r["resumed"]] == [6, 9]
+    assert [r["step"] for r in steps(tmp_path)] == list(range(1, 13))
+    assert trained_prompt_ids(tmp_path, 12) == list(range(12 * 8))
+    assert [s for s, _ in checkpoint.committed(str(tmp_path))] == [12]     # 10 rewritten, then pruned
+    checkpoint.validate(str(_ckpt(tmp_path, 12)))
