@@ -73,14 +73,35 @@ DeviceList = Annotated[list[str], BeforeValidator(_devices_as_text), AfterValida
 
 
 class RunConfig(_Section):
-    dir: str = Field("runs/default", description="run directory (config.yaml, metrics.jsonl, checkpoints/, batches/, logs/)")
+    dir: str = Field("runs/default", description="run directory (config.yaml, metrics.jsonl, "
+                     "checkpoints/, batches/, logs/); not empty (an empty path would be the working "
+                     "directory); a fresh start needs it missing, empty or a run directory")
     total_steps: int = Field(50, ge=1, le=MAX_STEPS, description="trainer steps to run; the loop drains "
                              "at this target (<= 99,999,999: batch files are named step_%08d)")
-    resume: Literal["auto", "never", "must"] = Field("auto", description="auto: resume if a checkpoint exists; must: fail if none")
+    resume: Literal["auto", "never", "must"] = Field("auto", description="auto: resume if a checkpoint "
+                                                     "exists; must: fail if none; never: start over "
+                                                     "(refused where a run exists, see run.overwrite)")
+    overwrite: bool = Field(False, description="with run.resume=never: start over in a run.dir that "
+                            "holds a run, deleting its checkpoints, batches and metrics (false: that "
+                            "launch exits 2 naming the newest checkpoint)")
     resume_step: Optional[int] = Field(
         None, ge=1, le=MAX_STEPS, description="roll back: resume from the checkpoint of exactly this "
         "step (it must exist and be valid) and delete the checkpoints after it; None: the newest "
         "valid checkpoint; give it for one launch only: every launch with it rolls back again)")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty (an empty path is the working directory)")
+        return v
+
+    @model_validator(mode="after")
+    def _overwrite_starts_over(self) -> "RunConfig":
+        if self.overwrite and self.resume != "never":
+            raise ValueError(f"run.overwrite=true starts over: it needs run.resume=never (got "
+                             f"run.resume={self.resume})")
+        return self
     seed: int = Field(0, ge=0, le=(1 << 63) - 1, description="seed for prompts, sampling and the sim "
                       "backends (a non-negative int64: numpy seed sequences refuse negative seeds)")
     shutdown_timeout_s: float = Field(10.0, gt=0, le=3600.0, description="drain window + shutdown + "

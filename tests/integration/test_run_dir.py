@@ -31,7 +31,7 @@ def test_lock_is_released_by_a_kill_9(tmp_path):
     wait_for_step(first, tmp_path, 2)
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    again = run(tmp_path, "run.total_steps=3", "run.resume=never")
+    again = run(tmp_path, "run.total_steps=3", "run.resume=never", "run.overwrite=true")
     assert again.returncode == 0, again.stderr
 
 
@@ -51,6 +51,33 @@ def test_resume_under_an_incompatible_config_exits_2_naming_both_values(tmp_path
     new = change.split("=")[1]
     assert new in lines[0]
     assert [r["step"] for r in steps(tmp_path)] == list(range(1, 6))   # nothing touched
+
+
+def test_refused_roll_back_deletes_nothing_and_a_good_one_only_later_checkpoints(tmp_path):
+    # every check of the target checkpoint comes before any deletion
+    from orchestrator import checkpoint
+    assert run(tmp_path, "run.total_steps=15", "run.checkpoint_every=5",
+               "run.keep_checkpoints=null").returncode == 0
+    signatures = {s: (p, os.stat(os.path.join(p, "MANIFEST.json")).st_mtime_ns)
+                  for s, p in checkpoint.committed(str(tmp_path))}
+    assert sorted(signatures) == [5, 10, 15]
+    for change in ("rollout.group_size=2", "run.seed=3"):
+        out = run(tmp_path, "run.total_steps=20", "run.resume=must", "run.resume_step=5", change)
+        assert out.returncode == 2 and "restore it" in out.stderr and change.split("=")[0] in out.stderr
+        assert len(error_lines(out.stderr)) == 1
+        assert [s for s, _ in checkpoint.committed(str(tmp_path))] == [15, 10, 5]
+        for _, path in checkpoint.committed(str(tmp_path)):
+            checkpoint.validate(path)
+        assert [r["step"] for r in steps(tmp_path)] == list(range(1, 16))
+    out = run(tmp_path, "run.total_steps=12", "run.resume=must", "run.resume_step=10",
+              "run.checkpoint_every=0", "run.keep_checkpoints=null")
+    assert out.returncode == 0, out.stderr
+    assert [s for s, _ in checkpoint.committed(str(tmp_path))] == [12, 10, 5]     # only 15 went
+    for step in (5, 10):                                                        # untouched
+        path, mtime = signatures[step]
+        assert os.stat(os.path.join(path, "MANIFEST.json")).st_mtime_ns == mtime
+    assert [r["step"] for r in steps(tmp_path) if r["resumed"]] == [11]
+    assert [r["step"] for r in steps(tmp_path)] == list(range(1, 13))
 
 
 def test_resume_with_safe_changes_runs(tmp_path):
