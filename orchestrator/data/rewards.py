@@ -9,7 +9,14 @@ sampled). `resolve_reward(task_cfg, tokens) -> (name, fn)` turns `task.reward` i
   completion, compared with the reference's final answer (its `####` part or `\\boxed{}` if any),
   numerically when both parse as numbers: commas, `$`, `%` and spaces ignored, 1e-6 relative
   tolerance; else as normalised text), `digits` (positional over tokens: matches of the completion
-  ids against the ids of `row[task.answer_field]` + eos, over their count; the digit tasks' reward);
+  ids against the ids of `row[task.answer_field]` + eos, over their count; the digit tasks' reward).
+  Built-ins are total on model output: any text scores 0 or 1, never raises, in time and memory
+  bounded by construction. `math_answer` reads a text's last MAX_TEXT_CHARS characters; a `\\boxed{`
+  that does not close within MAX_ANSWER_CHARS is unclosed; an answer of at most MAX_NUMBER_CHARS
+  characters in `fractions.Fraction`'s grammar (`-1_000.5e-3`, `3/4`, `\\frac{3}{4}`) is a number,
+  held as a Decimal of 34 significant digits whatever its exponent (no huge integer is built;
+  `1e400` equals `10e399`, `1e-400` equals 0 within 1e-9), compared as |a - b| <= max(1e-6 max(|a|,
+  |b|), 1e-9); longer ones, exponents past 10^18 and division by zero compare as text;
 - `path/to/file.py:fn` (a file, relative to the working directory; loaded as its own module) or
   `package.module:fn` (imported).
 A spec that cannot be resolved (missing file, module, function, not callable) raises `DataError`
@@ -17,13 +24,12 @@ naming `task.reward`. Return values are checked by the caller (`reward_pool`).
 """
 from __future__ import annotations
 
+import decimal
 import importlib
 import importlib.util
-import math
 import os
 import re
 import sys
-from fractions import Fraction
 from typing import Callable, Optional
 
 from orchestrator.data.tokens import DataError, ModelTokens
@@ -37,6 +43,15 @@ NEEDS_ANSWER = set(BUILTIN)
 
 _BOXED = "\\boxed{"
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+MAX_TEXT_CHARS = 1 << 20        # a longer text is read from its tail (its final answer is there)
+MAX_ANSWER_CHARS = 10_000       # a \boxed{ that does not close within this many characters: unclosed
+MAX_NUMBER_CHARS = 1_000        # a longer answer is not parsed as a number (compared as text)
+_INT = r"\d+(?:_\d+)*"
+_NUMBER_TEXT = re.compile(rf"([-+]?)(?:({_INT})/({_INT})|((?:{_INT}(?:\.(?:{_INT})?)?|\.{_INT})"
+                          rf"(?:e[-+]?{_INT})?))", re.IGNORECASE)  # Fraction's grammar, fullmatch
+_FRAC = re.compile(r"\\frac\{(-?\d+)\}\{(\d+)\}")
+_CTX = decimal.Context(prec=34, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[])
+_REL_TOL, _ABS_TOL = decimal.Decimal("1e-6"), decimal.Decimal("1e-9")
 
 
 def _last_boxed(text: str) -> Optional[str]:
@@ -44,7 +59,7 @@ def _last_boxed(text: str) -> Optional[str]:
     if start < 0:
         return None
     i, depth = start + len(_BOXED), 1
-    for j in range(i, len(text)):
+    for j in range(i, min(len(text), i + MAX_ANSWER_CHARS)):
         if text[j] == "{":
             depth += 1
         elif text[j] == "}":
@@ -55,7 +70,9 @@ def _last_boxed(text: str) -> Optional[str]:
 
 
 def extract_answer(text: str, loose: bool) -> Optional[str]:
-    """Final answer of a solution text: \\boxed{}, else after '####', else (loose) the last number."""
+    """Final answer of a solution text: \\boxed{}, else after '####', else (loose) the last number
+    (of the text's last MAX_TEXT_CHARS characters)."""
+    text = text[-MAX_TEXT_CHARS:]
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed.strip()
@@ -63,21 +80,36 @@ def extract_answer(text: str, loose: bool) -> Optional[str]:
         tail = text.rsplit("####", 1)[1].strip()
         return tail.splitlines()[0].strip() if tail else ""
     if loose:
-        nums = _NUMBER.findall(text)
-        return nums[-1] if nums else None
+        last = None
+        for m in _NUMBER.finditer(text):
+            last = m.group()
+        return last
     return text.strip()
 
 
-def _number(text: str) -> Optional[float]:
+def _number(text: str) -> Optional[decimal.Decimal]:
+    """`text` as a finite Decimal (34 significant digits, exponents up to +-MAX_EMAX), or None."""
+    if len(text) > MAX_NUMBER_CHARS:
+        return None
     t = text.strip().replace(",", "").replace("$", "").replace("%", "").replace(" ", "")
     t = t.rstrip(".")
-    m = re.fullmatch(r"\\frac\{(-?\d+)\}\{(\d+)\}", t)
+    m = _FRAC.fullmatch(t)
     if m:
         t = f"{m.group(1)}/{m.group(2)}"
-    try:
-        return float(Fraction(t))
-    except (ValueError, ZeroDivisionError):
+    m = _NUMBER_TEXT.fullmatch(t)
+    if m is None:
         return None
+    sign, num, den, dec = m.groups()
+    if dec is not None:
+        value = _CTX.create_decimal(dec.replace("_", ""))
+    else:
+        den = _CTX.create_decimal(den.replace("_", ""))
+        if den.is_zero():
+            return None
+        value = _CTX.divide(_CTX.create_decimal(num.replace("_", "")), den)
+    if not value.is_finite():           # an exponent past MAX_EMAX: compared as text
+        return None
+    return _CTX.minus(value) if sign == "-" else value
 
 
 def answers_equal(pred: Optional[str], ref: str) -> bool:
@@ -85,7 +117,8 @@ def answers_equal(pred: Optional[str], ref: str) -> bool:
         return False
     a, b = _number(pred), _number(ref)
     if a is not None and b is not None:
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        diff = _CTX.abs(_CTX.subtract(a, b))        # Infinity past MAX_EMAX: not close
+        return diff <= _CTX.max(_CTX.multiply(_REL_TOL, _CTX.abs(_CTX.max_mag(a, b))), _ABS_TOL)
     norm = lambda s: re.sub(r"\s+", " ", s.strip().strip(".").lower())   # noqa: E731
     return norm(pred) == norm(ref)
 
