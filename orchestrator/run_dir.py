@@ -52,9 +52,9 @@ LOCK = "run.lock"
 # what runs write at the top of run.dir (besides `NAME.tmp` of an atomic write and `.probe-PID`)
 OURS = frozenset((*DIRS, *FILES, "report", "tensorboard", "wandb"))
 _TMP = re.compile(r"(config\.yaml|metrics\.jsonl)\.tmp\Z|\.probe-\d+\Z")
-_INSIDE = {"checkpoints": re.compile(r"step_\d{8}(\.partial|\.stale)?\Z|latest(\.tmp)?\Z|"
+_INSIDE = {"checkpoints": re.compile(r"step_\d{8}(\.partial|\.stale)?\Z|latest(\.tmp)?\Z|\.probe-\d+\Z|"
                                      + re.escape(checkpoint.RETENTION) + r"\Z"),
-           "batches": re.compile(r"step_\d{8}\.rec(\.tmp)?\Z")}
+           "batches": re.compile(r"step_\d{8}\.rec(\.tmp)?\Z|\.probe-\d+\Z")}
 # a fresh start deletes these, and only these; logs/ is appended to (a new run is a new W&B run)
 RUN_OUTPUTS = ("checkpoints", "batches", "metrics.jsonl", "report", "tensorboard", "wandb",
                os.path.join("logs", "wandb_run_id"))
