@@ -13,12 +13,17 @@ is not one), or runs longer than `timeout_s` is bad environment output: with `on
 `ready()` raises `BadEnvOutput` naming the function, the row and the prompt (the run exits 2); with
 `"zero"` the sample scores 0 and the group's `scalars[REWARD_ERRORS]` counts it (the step line's
 `reward_errors`). Samples of a group are scored in order by one thread (few hand-offs between
-threads). A timed-out call cannot be killed: its thread is left to finish and a fresh one takes its
-place and the rest of its group, at most `MAX_STUCK_PER_WORKER` x workers of them, beyond which the
-run fails.
+threads). A timed-out call cannot be killed: its thread is retired (it exits the moment the call
+returns, serving nothing more) and a fresh one takes its place and the rest of its group, so live
+threads stay <= workers + the stuck cap, `MAX_STUCK_PER_WORKER` x workers timed-out calls still
+running, beyond which the run fails (`BadEnvOutput`, whatever `on_error` says). Timeouts are
+reported, never absorbed: a warning in the worker log with the counts at the 1st, 2nd, 4th, 8th...
+`close()` never blocks: no thread takes a call after it, each ends when its current call returns.
 """
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 import numbers
 import queue
@@ -30,6 +35,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from orchestrator.data.tokens import ModelTokens, completion_text
+
+log = logging.getLogger(__name__)
 
 REWARD_ERRORS = 0           # Sequences.scalars[REWARD_ERRORS] of a scored group
 MAX_STUCK_PER_WORKER = 4
@@ -52,6 +59,7 @@ class _Call:
     value: Any = None
     error: Optional[BaseException] = None
     scored: Optional[tuple] = None      # (reward, error line or None) once decided
+    abandoned: bool = False             # timed out: its thread exits when the call returns
 
 
 @dataclass
@@ -69,27 +77,35 @@ class RewardPool:
         self._jobs: "queue.SimpleQueue[Optional[_Group]]" = queue.SimpleQueue()
         self._pending: list[_Group] = []
         self._stuck: list[_Call] = []
+        self._timeouts = 0
+        self._closed = False
         self._cv = threading.Condition()
-        self._threads = [self._spawn() for _ in range(self.workers)]
+        self._serial = itertools.count()
+        self._threads: list[threading.Thread] = []
+        for _ in range(self.workers):
+            self._spawn()
 
-    def _spawn(self) -> threading.Thread:
-        t = threading.Thread(target=self._work, name="reward", daemon=True)
+    def _spawn(self) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        t = threading.Thread(target=self._work, name=f"reward-{next(self._serial)}", daemon=True)
         t.start()
-        return t
+        self._threads.append(t)
 
     def _work(self) -> None:
-        while True:
+        while not self._closed:
             group = self._jobs.get()
-            if group is None:
+            if group is None or not self._run(group):
                 return
-            self._run(group)
 
-    def _run(self, group: _Group) -> None:
+    def _run(self, group: _Group) -> bool:
+        """Score the group's unclaimed calls; False when this thread was retired or the pool closed."""
         s = group.seqs
         for call in group.calls:        # one job per group: few hand-offs between threads
-            with self._cv:              # claimed once: after a timeout a fresh thread takes
-                if call.started is not None:    # the rest of the group over
-                    continue
+            with self._cv:
+                if self._closed:
+                    return False
+                if call.started is not None:    # claimed once: after a timeout a fresh thread
+                    continue                    # takes the rest of the group over
                 call.started = time.monotonic()
             sl = s.seq(call.sample)
             ids = [int(t) for t in s.tokens[sl][int(s.prompt_lens[call.sample]):]]
@@ -102,6 +118,9 @@ class RewardPool:
                 call.finished = time.monotonic()
                 call.done = True
                 self._cv.notify_all()
+                if call.abandoned:             # a fresh thread has taken this one's place
+                    return False
+        return True
 
     # ------------------------------------------------------------------ main-thread side
     def submit(self, seqs, row: int, is_eval: bool) -> None:
@@ -122,16 +141,14 @@ class RewardPool:
     def _score(self, g: _Group, c: _Call, now: float) -> Optional[tuple[float, Optional[str]]]:
         """(reward, error line or None) of a finished or timed-out call; None while it runs."""
         where = self._where(g, c)
-        if not c.done:
-            if c.started is None or now - c.started <= self.timeout_s:
-                return None
-            self._stuck = [s for s in self._stuck if not s.done] + [c]
-            if len(self._stuck) > MAX_STUCK_PER_WORKER * self.workers:
-                raise BadEnvOutput(where.format(f"left more than {MAX_STUCK_PER_WORKER * self.workers} "
-                                                f"calls running past task.reward_timeout_s"))
-            self._threads.append(self._spawn())
-            self._jobs.put(g)               # the rest of the group goes to the fresh thread
-            return 0.0, where.format(f"ran longer than task.reward_timeout_s={self.timeout_s:g}")
+        with self._cv:                  # decided under the lock: the thread sees `abandoned` or
+            running = not c.done        # the pool sees `done`, never neither
+            if running:
+                if c.started is None or now - c.started <= self.timeout_s:
+                    return None
+                c.abandoned = True
+        if running:
+            return self._replace(g, c, where)
         if c.finished - c.started > self.timeout_s:     # inline: judged after the fact
             return 0.0, where.format(f"ran longer than task.reward_timeout_s={self.timeout_s:g}")
         if c.error is not None:
@@ -142,6 +159,23 @@ class RewardPool:
                 or not math.isfinite(float(r)):
             return 0.0, where.format(f"returned {r!r}"[:200] + ", not a finite number")
         return float(r), None
+
+    def _replace(self, g: _Group, c: _Call, where: str) -> tuple[float, str]:
+        """A call past its timeout: a fresh thread takes its thread's place and the rest of `g`."""
+        self._timeouts += 1
+        self._stuck = [s for s in self._stuck if not s.done] + [c]
+        cap = MAX_STUCK_PER_WORKER * self.workers
+        limit = f"task.reward_timeout_s={self.timeout_s:g}"
+        if self._timeouts & (self._timeouts - 1) == 0:        # 1, 2, 4, 8, ...
+            log.warning("reward function %r timed out %d times so far (%s); %d of its calls still "
+                        "running past it (the run fails beyond %d)", self.name, self._timeouts, limit,
+                        len(self._stuck), cap)
+        if len(self._stuck) > cap:
+            raise BadEnvOutput(where.format(f"left more than {cap} calls running past {limit} "
+                                            f"({self._timeouts} timeouts in all; it does not return)"))
+        self._spawn()
+        self._jobs.put(g)               # the rest of the group goes to the fresh thread
+        return 0.0, where.format(f"ran longer than {limit}")
 
     def ready(self, wait_s: float = 0.0, until: Optional[Callable[[], bool]] = None) -> list:
         """Scored groups; waits up to `wait_s` for every pending group to be scored, or until
@@ -174,6 +208,8 @@ class RewardPool:
         return out
 
     def close(self) -> None:
+        with self._cv:
+            self._closed = True
         for _ in self._threads:
             self._jobs.put(None)
         self._pending.clear()

@@ -1,6 +1,8 @@
 """Rewards: the built-in set, resolving `task.reward`, and the inference worker's reward pool
 (threads off the decode loop; a reward that raises, times out or returns a non-finite value is
 bad environment output naming the function and the row, or scores 0 and is counted)."""
+import logging
+import queue
 import threading
 import time
 
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import TaskConfig
-from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput, RewardPool
+from orchestrator.data.reward_pool import MAX_STUCK_PER_WORKER, REWARD_ERRORS, BadEnvOutput, RewardPool
 from orchestrator.data.rewards import answers_equal, extract_answer, resolve_reward
 from orchestrator.data.tokens import DataError, load_tokens
 from shm.codec import Sequences
@@ -196,3 +198,72 @@ def test_inline_pool_judges_a_slow_call_after_the_fact():
     (g,) = pool.ready()
     pool.close()
     assert g.rewards.tolist() == [0.0] and g.scalars[REWARD_ERRORS] == 1
+
+
+def _threads_since(before):
+    """Live reward threads created since `before` (a set of threads): what this test's pool made."""
+    return [t for t in threading.enumerate() if t not in before and t.name.startswith("reward")]
+
+
+def _settle(before, n, deadline_s=30.0):
+    end = time.monotonic() + deadline_s
+    while len(_threads_since(before)) != n and time.monotonic() < end:
+        time.sleep(0.01)
+    return len(_threads_since(before))
+
+
+def test_timed_out_calls_leave_no_thread_behind(caplog):
+    """Every call blocks on its own Event until the pool has timed it out; then the test lets it
+    return. A replaced thread exits when its stuck call returns (it used to go back to serving: 100
+    timeouts, 101 live threads); timeouts are reported in the worker log with counts."""
+    before, gates, workers = set(threading.enumerate()), queue.SimpleQueue(), 2
+
+    def fn(c, r, i):
+        gate = threading.Event()
+        gates.put(gate)
+        return 1.0 if gate.wait(60) else 0.5
+    pool = _pool(fn, on_error="zero", timeout_s=0.05, workers=workers)
+    peak = 0
+    with caplog.at_level(logging.WARNING, logger="orchestrator.data.reward_pool"):
+        for k in range(80):
+            pool.submit(_group(n=1), row=k, is_eval=False)
+            (g,) = _drain(pool)
+            assert g.rewards.tolist() == [0.0] and g.scalars[REWARD_ERRORS] == 1
+            gates.get(timeout=30).set()             # the stuck call returns now
+            peak = max(peak, len(_threads_since(before)))
+    assert peak <= workers + MAX_STUCK_PER_WORKER * workers
+    assert _settle(before, workers) == workers      # the serving threads, no more
+    warned = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
+    assert warned and "'my_fn' timed out 64 times" in warned[-1] and "reward_timeout_s=0.05" in warned[-1]
+    pool.submit(_group(n=2), row=99, is_eval=False)     # the pool still serves, at full speed
+    threading.Thread(target=lambda: [gates.get(timeout=30).set() for _ in range(2)], daemon=True).start()
+    (g,) = _drain(pool)
+    assert g.rewards.tolist() == [1.0, 1.0] and g.scalars[REWARD_ERRORS] == 0
+    pool.close()
+    assert _settle(before, 0) == 0                  # close() ends every thread it made
+
+
+def test_a_reward_that_never_returns_fails_the_run_past_the_stuck_cap():
+    """Timed-out calls that never return hold their threads; past MAX_STUCK_PER_WORKER x workers of
+    them the run fails naming the function, however the errors are tolerated."""
+    before, never, workers = set(threading.enumerate()), threading.Event(), 1
+
+    def fn(c, r, i):
+        never.wait(60)
+        return 1.0
+    pool = _pool(fn, on_error="zero", timeout_s=0.05, workers=workers)
+    cap = MAX_STUCK_PER_WORKER * workers
+    try:
+        for k in range(cap):
+            pool.submit(_group(n=1), row=k, is_eval=False)
+            assert _drain(pool)[0].scalars[REWARD_ERRORS] == 1
+            assert len(_threads_since(before)) <= workers + cap
+        pool.submit(_group(n=1), row=cap, is_eval=False)
+        with pytest.raises(BadEnvOutput, match=rf"'my_fn' left more than {cap} calls running past "
+                                               rf"task.reward_timeout_s=0.05 \({cap + 1} timeouts"):
+            _drain(pool)
+        assert len(_threads_since(before)) <= workers + cap + 1
+    finally:
+        never.set()
+        pool.close()
+    assert _settle(before, 0) == 0
