@@ -6,8 +6,9 @@ batches/step_NNNNNNNN.rec, logs/ (and report/, tensorboard/, wandb/ when those t
 
 `prepare_run_dir(cfg, data)` checks the directory before anything starts and raises `RunDirError` (exit 2,
 one line naming the path or field) when:
-- it is not usable: a file where a directory belongs or the reverse, not writable;
-- a fresh start (`run.resume=never`, or no checkpoint to resume) would begin in a directory that
+- it is not usable: empty (config.py refuses that first), a file where a directory belongs or the
+  reverse, not writable;
+- a fresh start (`run.resume=never`, or `auto` with no committed checkpoint) would begin in a directory that
   holds anything this project does not create (`foreign_entries`: a few of them are named; nothing
   is created in it, not even run.lock);
 - `run.resume=never` finds a run there (a checkpoint, valid or damaged, step lines in metrics.jsonl
