@@ -14,8 +14,13 @@ Contract:
   training prompts and a digest of their rows and token ids) goes into every checkpoint: a resume
   whose prompts differ would break exactly-once, and is refused (run_dir.check_data).
 - The stream: `train_prompt(index) -> (prompt_id, ids, row)`, deterministic in (seed, index):
-  `prompt_id = index % task.num_train_prompts`; prompt ids walk seeded permutations of the kept
-  rows, epoch by epoch; `row` is the dataset row index (what the reward looks up). `eval_prompts()`
+  `prompt_id = index % task.num_train_prompts`; `row` (the dataset row index, what the reward looks
+  up) is `row_at(index)`: epoch `index // kept rows` is its own seeded permutation of the kept
+  rows, so every epoch holds each row exactly once, also across the wrap of the prompt ids (a
+  `num_train_prompts` that is not a multiple of the kept rows ends the ids part-way through an
+  epoch; the next index carries on with that epoch). On the first pass (index < num_train_prompts)
+  this is the layout of earlier versions, and `train_row(prompt_id)` is that pass's row; past it,
+  a prompt id's row changes from pass to pass (the index, not the id, names the row). `eval_prompts()`
   lists (eval position, ids, row) for every kept eval row, or a seeded choice of `eval_limit` of
   them. Nothing here is on the decode path: prompts are rendered when admitted.
 """
@@ -146,11 +151,9 @@ class PromptSet:
     def num_eval(self) -> int:
         return len(self._eval_rows)
 
-    def train_row(self, prompt_id: int) -> int:
-        """Dataset row of training prompt id `prompt_id` (a pure function of seed and id)."""
-        if not 0 <= prompt_id < self._num_train:
-            raise IndexError(f"train prompt id {prompt_id} outside [0, {self._num_train})")
-        epoch, pos = divmod(prompt_id, len(self._pool))
+    def row_at(self, index: int) -> int:
+        """Dataset row at stream index `index` (a pure function of seed and index)."""
+        epoch, pos = divmod(index, len(self._pool))
         perm = self._perm_cache.get(epoch)
         if perm is None:
             if len(self._perm_cache) > 4:
@@ -159,13 +162,18 @@ class PromptSet:
             self._perm_cache[epoch] = perm
         return int(self._pool[perm[pos]])
 
+    def train_row(self, prompt_id: int) -> int:
+        """Dataset row of training prompt id `prompt_id` on the stream's first pass (index == id)."""
+        if not 0 <= prompt_id < self._num_train:
+            raise IndexError(f"train prompt id {prompt_id} outside [0, {self._num_train})")
+        return self.row_at(prompt_id)
+
     def _ids(self, ds, row: int) -> np.ndarray:
         return self.renderer.ids(ds[row][self.field])
 
     def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
-        pid = index % self._num_train
-        row = self.train_row(pid)
-        return pid, self._ids(self.train, row), row
+        row = self.row_at(index)
+        return index % self._num_train, self._ids(self.train, row), row
 
     def eval_prompts(self) -> list[tuple[int, np.ndarray, int]]:
         return [(i, self._ids(self.eval, int(r)), int(r)) for i, r in enumerate(self._eval_rows)]

@@ -49,8 +49,8 @@ def test_train_stream_is_deterministic_in_seed_and_index():
         pid, p, row = a.train_prompt(i)
         assert pid == i and np.array_equal(p, b.train_prompt(i)[1]) and row == b.train_prompt(i)[2]
     assert any(not np.array_equal(a.train_prompt(i)[1], c.train_prompt(i)[1]) for i in range(10))
-    pid, p, _ = a.train_prompt(5000 + 17)                       # the stream wraps
-    assert pid == 17 and np.array_equal(p, a.train_prompt(17)[1])
+    pid, p, row = a.train_prompt(5000 + 17)     # prompt ids wrap; epochs follow the index (#22)
+    assert pid == 17 and row == a.row_at(5000 + 17) and np.array_equal(p, b.train_prompt(5017)[1])
     with pytest.raises(IndexError):
         a.train_row(5000)
 

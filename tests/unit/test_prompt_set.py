@@ -73,3 +73,48 @@ def test_the_stream_is_seeded(tmp_path):
     pb = prompts_and_reward(cfg)[0]
     b = [pb.train_prompt(i)[2] for i in range(30)]
     assert sorted(a) == sorted(b) == list(range(30)) and a != b
+
+
+def _numbered(tmp_path, n):
+    path = tmp_path / f"rows{n}.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}>", "answer": str(i)}) + "\n" for i in range(n)))
+    return str(path)
+
+
+@pytest.mark.parametrize("rows, num_train", [(7, 10), (7, 3), (6, 4), (5, 1), (7, 14), (1, 4)])
+def test_every_epoch_is_a_full_permutation_across_the_wrap(tmp_path, rows, num_train):
+    """7 rows, 10 prompt ids: the stream used to restart epoch 0 at every wrap of the prompt ids, so
+    3 rows came twice as often as 4. Epochs follow the stream index: each is a full seeded
+    permutation, however the prompt ids wrap."""
+    cfg = workload_config(dataset=_numbered(tmp_path, rows), reward="exact_match",
+                          num_train_prompts=num_train)
+    prompts = prompts_and_reward(cfg)[0]
+    epochs = 6
+    stream = [prompts.train_prompt(i) for i in range(rows * epochs)]
+    assert [pid for pid, _, _ in stream] == [i % num_train for i in range(rows * epochs)]
+    orders = [[row for _, _, row in stream[e * rows:(e + 1) * rows]] for e in range(epochs)]
+    assert all(sorted(order) == list(range(rows)) for order in orders)
+    if rows > 2:
+        assert len({tuple(order) for order in orders}) > 1        # each epoch its own permutation
+    for pid, ids, row in stream:
+        assert ids.tolist() == prompts.renderer.ids(f"{row}>").tolist()
+    for pid in range(min(num_train, rows * epochs)):   # the first pass: a prompt id's row as before
+        assert prompts.train_row(pid) == stream[pid][2]
+
+
+def test_a_resume_at_any_cursor_continues_the_same_stream(tmp_path):
+    """A resumed run builds a fresh prompt set and a cursor from the checkpoint (next index, redo
+    list): it deals exactly the (prompt id, tokens, row) the uninterrupted run would have."""
+    from orchestrator.prompts import PromptCursor
+
+    cfg = workload_config(dataset=_numbered(tmp_path, 7), reward="exact_match", num_train_prompts=10)
+    whole = PromptCursor(prompts_and_reward(cfg)[0])
+    dealt = [whole.next() for _ in range(80)]
+    resumed = prompts_and_reward(cfg)[0]           # cold permutation cache, as after a restart
+    for cursor in (63, 0, 9, 10, 13, 14, 41, 70, 7, 20):
+        redo = [i for i in (cursor - 9, cursor - 3, cursor - 1) if i >= 0]
+        c = PromptCursor(resumed, cursor, redo)
+        got = [c.next() for _ in range(len(redo) + 10)]
+        want = [dealt[i] for i in redo + list(range(cursor, cursor + 10))]
+        assert [(i, pid, row) for i, pid, _, row in got] == [(i, pid, row) for i, pid, _, row in want]
+        assert all(a[2].tolist() == b[2].tolist() for a, b in zip(got, want))
