@@ -402,7 +402,8 @@ class TaskConfig(_Section):
                                                      "step line)")
     num_train_prompts: int = Field(100000, ge=1, le=1 << 62,
                                    description="size of the training prompt stream (prompt ids are "
-                                   "int64); it walks seeded permutations of the prompts, epoch by epoch")
+                                   "int64, index mod this); it walks seeded permutations of the "
+                                   "prompts, epoch by epoch, epochs following the index across the wrap")
     num_eval_prompts: Optional[int] = Field(None, ge=1, le=MAX_COUNT, description="eval prompts (a "
                                             "seeded choice; <= 1M: an eval round dispatches them all "
                                             "at once). None: 64 held out of a digit task, or every "
