@@ -201,6 +201,11 @@ class InferenceConfig(_Section):
         description="a ready worker whose main loop makes no turn for this long (stopped, "
                     "stuck in a step or a reload) is killed and handled as dead; keep it "
                     "below weights.sync_timeout_s (<= 1 day)")
+    liveness_timeout_s: float = Field(
+        30.0, ge=2, le=MAX_TIMEOUT_S,
+        description="a ready worker whose liveness thread stamps nothing for this long (the whole "
+                    "process stopped or frozen, e.g. SIGSTOP) is killed and handled as dead, "
+                    "whatever a step may cost (2 s .. 1 day)")
     sim: SimInferenceConfig = Field(default_factory=SimInferenceConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
@@ -222,11 +227,6 @@ class ActorConfig(_Section):
                                "actor.device, or actor.num_ranks ranks on CPU")
     num_ranks: int = Field(1, ge=1, le=64, description="trainer ranks on CPU (gloo; <= 64); with "
                            "actor.devices it is len(actor.devices) (1 or that number may be given)")
-    liveness_timeout_s: float = Field(
-        30.0, ge=2, le=MAX_TIMEOUT_S,
-        description="a ready worker whose liveness thread stamps nothing for this long (the whole "
-                    "process stopped or frozen, e.g. SIGSTOP) is killed and handled as dead, "
-                    "whatever a step may cost (2 s .. 1 day)")
     sharding: Literal["auto", "none", "fsdp", "ddp"] = Field(
         "auto", description="how ranks share the model: fsdp (FSDP2 fully_shard: parameters, "
         "gradients and optimizer state sharded), ddp (replicated), none (one rank only); auto: "
@@ -270,6 +270,12 @@ class ActorConfig(_Section):
         600.0, gt=0, le=MAX_TIMEOUT_S,
         description="progress deadline of the trainer: no main-loop turn for this long "
                     "(a step, a save or a load that never ends; SIGSTOP) fails the run (<= 1 day)")
+    liveness_timeout_s: float = Field(
+        30.0, ge=2, le=MAX_TIMEOUT_S,
+        description="liveness deadline of the trainer and of every trainer rank: a process whose "
+                    "liveness thread stamps nothing for this long (stopped or frozen, e.g. SIGSTOP) "
+                    "fails the run naming it, however long a step may legitimately take "
+                    "(actor.heartbeat_timeout_s) (2 s .. 1 day)")
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
 
     @field_validator("device", mode="before")
@@ -291,12 +297,6 @@ class ActorConfig(_Section):
             twice = next(d for d in v if v.count(d) > 1)
             raise ValueError(f"device {twice!r} is listed twice (one trainer rank per device)")
         return v
-    liveness_timeout_s: float = Field(
-        30.0, ge=2, le=MAX_TIMEOUT_S,
-        description="liveness deadline of the trainer and of every trainer rank: a process whose "
-                    "liveness thread stamps nothing for this long (stopped or frozen, e.g. SIGSTOP) "
-                    "fails the run naming it, however long a step may legitimately take "
-                    "(actor.heartbeat_timeout_s) (2 s .. 1 day)")
 
     @model_validator(mode="after")
     def _decoupled_needs_recompute(self) -> "ActorConfig":
@@ -523,6 +523,14 @@ class WeightsConfig(_Section):
 
 
 class Config(_Section):
+    """The whole run. `notes`: warnings from `load_config` for the launcher to print (not part of the
+    resolved config)."""
+
+    @property
+    def notes(self) -> list[str]:
+        return self._notes
+
+    _notes: list[str] = PrivateAttr(default_factory=list)
     run: RunConfig = Field(default_factory=RunConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
@@ -558,14 +566,6 @@ class Config(_Section):
                              f"ddp or auto")
         if inf.backend == "sim" and self.actor.backend != "sim":
             raise ValueError("inference.backend sim needs actor.backend sim (no model to train)")
-    """The whole run. `notes`: warnings from `load_config` for the launcher to print (not part of the
-    resolved config)."""
-
-    @property
-    def notes(self) -> list[str]:
-        return self._notes
-
-    _notes: list[str] = PrivateAttr(default_factory=list)
         if self.actor.backend == "sim" and inf.backend != "sim":
             raise ValueError("actor.backend sim needs inference.backend sim")
         if inf.backend == "sim" and inf.devices:
@@ -762,16 +762,16 @@ def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) ->
         raise ConfigError(f"config file '{path}' is not valid YAML{line}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping at top level")
+    keys = {ov.partition("=")[0].strip() for ov in overrides}
+    if "task.dataset" in keys and "task.name" not in keys and isinstance(data.get("task"), dict):
+        data["task"].pop("name", None)      # your data on the command line replaces the file's task
     for ov in overrides:
         apply_override(data, ov)
+    notes = _eval_without_eval_set(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_error(err)) from None
-    keys = {ov.partition("=")[0].strip() for ov in overrides}
-    if "task.dataset" in keys and "task.name" not in keys and isinstance(data.get("task"), dict):
-        data["task"].pop("name", None)      # your data on the command line replaces the file's task
-    notes = _eval_without_eval_set(data)
     cfg._notes.extend(notes)
     return cfg
 

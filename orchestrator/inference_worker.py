@@ -90,6 +90,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             while msg is not None:
                 if isinstance(msg, messages.Generate):
                     if episodes is not None:      # n episodes; their turns come back as requests
+                        running_episodes.add(msg.request_id)
                         episodes.start(msg.request_id, msg.prompt_id, msg.row, msg.n, msg.eval,
                                        msg.temperature)
                     else:
@@ -106,9 +107,11 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     live = msg.request_id in reqs or msg.request_id in running_episodes
                     backend.abort(msg.request_id)
                     reqs.pop(msg.request_id, None)
+                    running_episodes.discard(msg.request_id)
                     for key in episodes.cancel(msg.request_id) if episodes is not None else ():
-                        running_episodes.add(msg.request_id)
                         backend.abort(key)
+                    ctx.send(messages.Aborted(index=spec.index, request_id=msg.request_id,
+                                              result_sent=not live))
                 elif isinstance(msg, messages.Shutdown):
                     return
                 msg = recv(req, timeout=0.0)
@@ -123,11 +126,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 is_eval, row = reqs.pop(res.request_id, (False, -1))
                 seqs = res.sequences
                 seqs.kind = 1 if is_eval else 0
-                    running_episodes.discard(msg.request_id)
                 if rewards is None:
                     emit(seqs)
-                    ctx.send(messages.Aborted(index=spec.index, request_id=msg.request_id,
-                                              result_sent=not live))
                 else:
                     rewards.submit(seqs, row, is_eval)
             if rewards is not None:       # BadEnvOutput propagates: the run stops with exit 2
@@ -136,6 +136,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     emit(seqs)
             if episodes is not None:
                 for seqs in episodes.ready():
+                    running_episodes.discard(seqs.ident)
                     emit(seqs)
             ctx.check_parent()
     finally:
@@ -149,4 +150,3 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
 
 def main(spec: WorkerSpec) -> None:
     worker_entry(spec, _main)
-                    running_episodes.discard(seqs.ident)
