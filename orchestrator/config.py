@@ -433,6 +433,20 @@ class TaskConfig(_Section):
                              "tools in each inference worker")
     env_processes: bool = Field(False, description="run tools (Environment.run_tool) in a process "
                                 "pool of env_workers (CPU-heavy or untrusted tools; they must pickle)")
+    env_max_stuck_calls: int = Field(4, ge=0, le=1024, description="blocking environment calls (plain "
+                                     "methods, thread tools) still running past task.env_timeout_s "
+                                     "that an inference worker tolerates: each one's episode ended "
+                                     "(episodes_limited) and its pool thread was replaced; one more "
+                                     "is a hang (task.env_on_hang)")
+    env_on_hang: Literal["restart", "fail"] = Field("restart", description="an environment that hangs "
+                                                    "its inference worker (more than "
+                                                    "task.env_max_stuck_calls stuck calls, or an async "
+                                                    "method blocking the environment loop for longer "
+                                                    "than task.env_timeout_s): restart (the worker "
+                                                    "exits with code 75 and is restarted with its "
+                                                    "prompts re-dispatched, per "
+                                                    "inference.on_worker_death) or fail (the run fails "
+                                                    "naming the environment, exit 1)")
 
     @model_validator(mode="after")
     def _dataset_or_builtin(self) -> "TaskConfig":

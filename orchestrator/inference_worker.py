@@ -5,12 +5,18 @@ Main loop: poll the request ring (Generate / LoadWeights / Abort / Shutdown, in 
 decoding) -> emit the scored ones -> check the parent. A multi-turn task (`task.env`) hands each
 Generate to the episode runner instead (`envs.runner`: an environment thread): its model turns are
 put to the backend as one-sample requests, their results go back to it, and its finished groups
-are emitted. A bad reward or environment (`BadEnvOutput`) fails the run with exit 2.
+are emitted. A bad reward or environment (`BadEnvOutput`) fails the run with exit 2. An environment
+that hangs (`EpisodeRunner.hung`: its loop stalled, or more than `task.env_max_stuck_calls` stuck
+calls), checked every turn: with `task.env_on_hang=fail` an `EnvHung` Fatal fails the run naming it
+(exit 1); with `restart` the worker logs it, closes and exits with ENV_HUNG_EXIT and no Fatal, so
+the supervisor handles it as a dead worker (prompts re-dispatched, restart per
+`inference.on_worker_death`).
 Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
 supervisor's weight watcher can bump the shared policy version.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -25,6 +31,15 @@ from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
 IDLE_WAIT_S = 0.05
 PUT_TIMEOUT_S = 60.0
 REWARD_POLL_S = 0.002         # how often scored groups are looked for while rewards run
+ENV_HUNG_EXIT = 75            # task.env_on_hang=restart (EX_TEMPFAIL: try again)
+
+
+class EnvHung(RuntimeError):
+    """A multi-turn environment hung its worker (task.env_on_hang=fail)."""
+
+
+class _Restart(Exception):
+    """A multi-turn environment hung its worker (task.env_on_hang=restart)."""
 
 
 def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
@@ -79,6 +94,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
         ctx.bell.ring()
     ctx.send(messages.Ready(role="inference", index=spec.index, pid=os.getpid(),
                             weight_nbytes=nbytes))
+    hang = None
     try:
         while True:
             hint = backend.wait_hint() if hasattr(backend, "wait_hint") else (
@@ -138,7 +154,13 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 for seqs in episodes.ready():
                     running_episodes.discard(seqs.ident)
                     emit(seqs)
+                if (why := episodes.hung(cfg.task.env_max_stuck_calls)) is not None:
+                    if cfg.task.env_on_hang == "fail":
+                        raise EnvHung(why)
+                    raise _Restart(why)
             ctx.check_parent()
+    except _Restart as exc:
+        hang = str(exc)
     finally:
         if scorer is not None:
             scorer.close()
@@ -146,6 +168,11 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
         for r in (req, out):
             r.close()
         wbuf.close()
+    if hang is not None:      # exit without a Fatal: a dead worker, which the supervisor restarts
+        ctx.log.error("%s; exiting with code %d to be restarted (task.env_on_hang=restart)",
+                      hang, ENV_HUNG_EXIT)
+        logging.shutdown()
+        os._exit(ENV_HUNG_EXIT)   # stuck environment threads are left behind with the process
 
 
 def main(spec: WorkerSpec) -> None:

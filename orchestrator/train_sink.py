@@ -1,9 +1,12 @@
 """Train sink: finished groups -> advantages -> filter -> batch of B groups.
 
 Groups are consumed in completion order. Advantages are GRPO's: (r - group mean) / (group std + eps)
-for groups of more than one sample; singleton groups use the batch as their baseline. With
-`filter_zero_std`, groups whose rewards are all equal carry no signal and are dropped (a singleton
-batch is dropped only if every reward in it is equal). `trainable` is the number of samples left
+for groups of more than one sample; singleton groups use the batch as their baseline. A sample with
+no loss-masked token (a multi-turn episode rejected by the append rule: not trained) takes no part
+in a baseline and gets advantage 0; it stays in its group, so its prompt is consumed once. With
+`filter_zero_std`, groups whose rewards (of samples with loss-masked tokens) are all equal carry no
+signal and are dropped (a singleton batch is dropped only if every such reward in it is equal).
+`trainable` is the number of samples left
 that have at least one loss-masked token (`trainable_tokens` counts those tokens): a batch of empty
 completions is not trainable. `reward_errors` sums the groups' `scalars[REWARD_ERRORS]` (reward calls
 scored 0 after failing, set by the inference worker's reward pool or episode runner). Multi-turn
@@ -40,8 +43,21 @@ class BatchInfo:
     parts: list              # the groups themselves, in completion order
 
 
-def _normalise(r: np.ndarray) -> np.ndarray:
-    return ((r - r.mean()) / (r.std() + EPS)).astype(np.float32)
+def _normalise(r: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """GRPO advantages over the samples with loss-masked tokens (`live`); 0 for the others."""
+    out = np.zeros(len(r), np.float32)
+    if live.any():
+        out[live] = (r[live] - r[live].mean()) / (r[live].std() + EPS)
+    return out
+
+
+def _flat(r: np.ndarray, live: np.ndarray) -> bool:
+    return not live.any() or np.ptp(r[live]) == 0
+
+
+def _masked_per_seq(seqs: Sequences) -> np.ndarray:
+    cum = np.concatenate(([0], np.cumsum(seqs.loss_mask, dtype=np.int64)))
+    return cum[seqs.offsets[1:]] - cum[seqs.offsets[:-1]]
 
 
 class TrainSink:
@@ -60,25 +76,26 @@ class TrainSink:
         groups, self.pending = self.pending[:self.batch_size], self.pending[self.batch_size:]
         consumed = concat(groups, kind=BATCH_KIND, ident=step, version=version)
         rewards = consumed.rewards.astype(np.float64)
+        live = _masked_per_seq(consumed) > 0
         keep, advs = [], []
         if all(g.n == 1 for g in groups):
-            if not (self.filter_zero_std and np.ptp(rewards) == 0):
-                keep, advs = groups, [_normalise(rewards)]
+            if not (self.filter_zero_std and _flat(rewards, live)):
+                keep, advs = groups, [_normalise(rewards, live)]
         else:
-            for g in groups:
-                r = g.rewards.astype(np.float64)
-                if self.filter_zero_std and np.ptp(r) == 0:
+            starts = np.cumsum([0] + [g.n for g in groups])
+            for g, a in zip(groups, starts):
+                r, lv = g.rewards.astype(np.float64), live[a:a + g.n]
+                if self.filter_zero_std and _flat(r, lv):
                     continue
                 keep.append(g)
-                advs.append(_normalise(r) if g.n > 1 else np.zeros(1, np.float32))
+                advs.append(_normalise(r, lv) if g.n > 1 else np.zeros(1, np.float32))
         advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
         if len(keep) == len(groups):     # nothing filtered: the same columns, no second copy
             batch = replace(consumed, advantages=advantages)
         else:
             batch = concat(keep, kind=BATCH_KIND, ident=step, version=version)
             batch.advantages = advantages
-        cum = np.concatenate(([0], np.cumsum(batch.loss_mask, dtype=np.int64)))
-        per_seq = cum[batch.offsets[1:]] - cum[batch.offsets[:-1]]      # loss-masked tokens per sample
+        per_seq = _masked_per_seq(batch)                   # loss-masked tokens per sample
         info = BatchInfo(step=step, version=version, groups=len(groups),
                          trainable=int((per_seq > 0).sum()), trainable_tokens=int(per_seq.sum()),
                          reward_mean=float(rewards.mean()) if rewards.size else 0.0,

@@ -13,9 +13,11 @@ inference worker touches tokens. The runner (`envs.runner`) creates one instance
   as role `assistant`).
 - `close()`: always called once, however the episode ended.
 Each of them may be `async def` (awaited on the environment thread's event loop: slow tools and
-rewards wait without blocking anything) or a plain function (run on the runner's pool, so a blocking
-call never stalls the loop). `await self.run_tool(fn, *args)` runs a blocking tool on that pool (a
-process pool with `task.env_processes: true`: `fn` and its arguments must pickle). `tools`: optional
+rewards wait without blocking anything; one that blocks instead of awaiting stalls every episode of
+its worker and is a hang, `task.env_on_hang`) or a plain function (run on the runner's pool, so a
+blocking call never stalls the loop; one past the timeout is abandoned and its thread replaced).
+`await self.run_tool(fn, *args)` runs a blocking tool on that pool (a process pool with
+`task.env_processes: true`: `fn` and its arguments must pickle). `tools`: optional
 JSON schemas (OpenAI function format) passed to the chat template when the opening messages are
 rendered.
 

@@ -6,19 +6,31 @@ of dataset row `row`), `requests()` for the model turns to put to the backend (`
 the trajectory's ids so far, max new tokens), `turn_done(key, sequences)` with the backend's
 one-row result of a turn, `ready()` for finished groups (`shm.codec.Sequences`, rewards and
 scalars filled), `cancel(request_id)` (returns the turn keys to abort in the backend), `close()`.
-Episodes are coroutines on the environment thread's asyncio loop; blocking work runs on a pool
-(threads, or processes with `task.env_processes`). The decode loop never waits on an environment,
-and weights reload between decode steps, so later turns carry newer versions.
+Episodes are coroutines on the environment thread's asyncio loop; blocking calls run on a pool of
+`task.env_workers` daemon threads (`envs.pool.EnvPool`; tools on processes with
+`task.env_processes`), rendering and tokenizing on a thread of its own. The decode loop never waits
+on an environment, and weights reload between decode steps, so later turns carry newer versions.
+
+Hangs are bounded: a blocking call past `task.env_timeout_s` ends its episode (limited) and its pool
+thread is replaced, so other episodes keep their pool. `hung(max_stuck)` (`envs.watch.LoopWatch`:
+the loop's own liveness stamp), called by the worker's main thread, names the environment when its
+loop stalls or abandoned calls pile up; the worker then acts per `task.env_on_hang`. `close()` is
+bounded, and waits neither for a stalled loop nor for a stuck call.
 
 A trajectory is one id list built only by appending: the opening (loss mask 0), each turn's sampled
 ids verbatim with their logprobs and versions (mask 1), each rendered reply (mask 0); a turn's
 prompt is exactly the ids so far. An episode ends when the environment says done, or by a limit,
 with reward 0 and a counted reason: `task.max_turns` model turns, `task.max_episode_tokens` in all
 (a turn gets at most the tokens left, a reply that would pass the limit is not appended), a call
-past `task.env_timeout_s`, or a reply the renderer cannot append (`AppendError`: rejected). An
-environment call that raises fails the run naming the environment and the row (`BadEnvOutput`, exit
-2) unless `task.env_on_error: zero` (reward 0, counted as reward_errors). A group is handed out only
-when all its episodes ended, so an episode in flight at a crash is redone whole.
+past `task.env_timeout_s`, or a reply the renderer cannot append (`AppendError`: rejected). A reply
+is measured against the tokens left before it is tokenized (`TurnRenderer`'s `budget`): one that
+cannot fit ends the episode (limited) without being tokenized. A rejected episode is not trained:
+its ids are all context (loss mask 0, version -1, logprob 0: its turns were sampled for a
+conversation the template would not show the model again), so the train sink leaves it out of its
+group's baseline too. An environment call that raises fails the run naming the environment and the
+row (`BadEnvOutput`, exit 2) unless `task.env_on_error: zero` (reward 0, counted as reward_errors).
+A group is handed out only when all its episodes ended, so an episode in flight at a crash is redone
+whole.
 
 `scalars` of a finished group (summed over its episodes, except TURNS_MAX): `envs.base.SCALARS`.
 """
@@ -26,11 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import functools
 import inspect
 import multiprocessing as mp
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -40,7 +54,9 @@ from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput
 from orchestrator.data.tokens import ModelTokens, completion_text
 from orchestrator.envs.base import (ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS,
                                     TURNS_MAX, ModelTurn, StepResult)
-from orchestrator.envs.render import AppendError, TurnRenderer
+from orchestrator.envs.pool import EnvPool
+from orchestrator.envs.render import AppendError, TooLong, TurnRenderer
+from orchestrator.envs.watch import LoopWatch
 from shm.codec import Sequences
 
 KEY_BASE = 1 << 60          # backend request ids of turns: above any supervisor request id
@@ -115,15 +131,20 @@ class EpisodeRunner:
         self._groups: dict[int, _Group] = {}
         self._next_key = KEY_BASE
         self._lock = threading.Lock()
-        self.pool: cf.Executor = (
+        self.calls = EnvPool(limits.workers, "env-call")        # blocking environment calls
+        self.pool: cf.Executor = (                                # tools (Environment.run_tool)
             cf.ProcessPoolExecutor(limits.workers, mp_context=mp.get_context("spawn"))
-            if limits.processes else cf.ThreadPoolExecutor(limits.workers, thread_name_prefix="env-tool"))
+            if limits.processes else self.calls)
+        self.render = EnvPool(1, "env-render")       # one thread: tokenizers are not thread-safe
+        self._live = weakref.WeakKeyDictionary()        # async call's task -> what it is, for hung()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="env", daemon=True)
+        self.watch = LoopWatch(self.loop, self._thread, self.calls, limits.timeout_s, name, self._calling)
         self._thread.start()
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self.watch.tick)
         self.loop.run_forever()
 
     # ------------------------------------------------------------------ main-thread side
@@ -166,6 +187,17 @@ class EpisodeRunner:
     def busy(self) -> bool:
         return bool(self._groups)
 
+    def hung(self, max_stuck: int) -> Optional[str]:
+        """One line naming the environment if its loop stalled or more than `max_stuck` abandoned
+        blocking calls still run (`envs.watch`); None while healthy."""
+        return self.watch.hung(max_stuck)
+
+    def _calling(self) -> Optional[tuple[str, str]]:
+        """The async environment call running on the loop now: (what, the file of its code)."""
+        task = asyncio.current_task(self.loop)
+        what = self._live.get(task) if task is not None else None
+        return None if what is None else (what, task.get_coro().cr_code.co_filename)
+
     def ready(self) -> list[Sequences]:
         """Finished groups; raises BadEnvOutput for a failed one (task.env_on_error=fail)."""
         out = []
@@ -190,15 +222,19 @@ class EpisodeRunner:
             if tasks:
                 await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
 
+            self.loop.call_soon(self.loop.stop)     # after this task's result is handed out
+
         self._groups.clear()
         if self._thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(CLOSE_TIMEOUT_S + 1)
-            except Exception:           # noqa: BLE001 - closing anyway
-                pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(CLOSE_TIMEOUT_S)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+            done = asyncio.run_coroutine_threadsafe(shutdown(), self.loop)
+            if not self.watch.stalled():        # a stalled loop shuts down once its call returns
+                try:
+                    done.result(CLOSE_TIMEOUT_S + 1)
+                except Exception:           # noqa: BLE001 - closing anyway
+                    self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(CLOSE_TIMEOUT_S)
+        for pool in {self.pool, self.calls, self.render}:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ environment thread
     async def _group(self, g: _Group) -> None:
@@ -227,10 +263,10 @@ class EpisodeRunner:
         t0 = time.monotonic()
         try:
             if inspect.iscoroutinefunction(fn):
-                coro = fn(*args)
-            else:
-                coro = self.loop.run_in_executor(None if self.limits.processes else self.pool,
-                                                 lambda: fn(*args))
+                coro = asyncio.ensure_future(fn(*args))
+                self._live[coro] = f"{what} of {self._where(g)}"
+            else:       # a stuck one is abandoned by the pool's sweep; its thread replaced
+                coro = asyncio.wrap_future(self.calls.call(f"{what} of {self._where(g)}", fn, *args))
             result = await asyncio.wait_for(coro, self.limits.timeout_s)
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, self.limits.timeout_s)
@@ -244,6 +280,10 @@ class EpisodeRunner:
             raise _EnvError(f"{self._where(g)}: {what} raised {why}") from None
         finally:
             ep.env_s += time.monotonic() - t0
+
+    async def _rendered(self, fn, *args):
+        """A renderer call on the render thread (tokenizing a long text never stalls the loop)."""
+        return await asyncio.wrap_future(self.render.call("render", functools.partial(fn, *args)))
 
     async def _generate(self, g: _Group, ep: _Episode, max_new: int) -> tuple:
         fut = self.loop.create_future()
@@ -275,7 +315,10 @@ class EpisodeRunner:
             row = self.rows(g.is_eval, g.row)
             history = await self._call(g, ep, "reset()", env.reset, row)
             try:
-                ep.ids, state = self.renderer.opening(history, getattr(env, "tools", None))
+                ep.ids, state = await self._rendered(self.renderer.opening, history,
+                                                     getattr(env, "tools", None), lim.max_episode_tokens)
+            except TooLong:
+                raise _Ended("limited") from None
             except (AppendError, TypeError) as exc:
                 raise _EnvError(f"{self._where(g)}: reset() returned messages that cannot be "
                                 f"rendered ({exc})") from None
@@ -305,7 +348,10 @@ class EpisodeRunner:
                 if res.done:
                     break
                 try:
-                    reply = self.renderer.reply(state, history, ids, res.messages)
+                    reply = await self._rendered(self.renderer.reply, state, history, ids, res.messages,
+                                                 lim.max_episode_tokens - len(ep.ids))
+                except TooLong:
+                    raise _Ended("limited") from None
                 except AppendError:
                     raise _Ended("rejected") from None
                 except TypeError as exc:
@@ -324,6 +370,9 @@ class EpisodeRunner:
             ep.reward = float(reward)
         except _Ended as end:
             ep.ended, ep.reward = end.reason, 0.0
+            if end.reason == "rejected":            # not trained (see the module docstring)
+                n = len(ep.ids)
+                ep.mask, ep.logprobs, ep.versions = [0] * n, [0.0] * n, [-1] * n
         except _EnvError as exc:
             if lim.on_error == "fail":
                 raise BadEnvOutput(str(exc)) from None

@@ -3,6 +3,9 @@
   the engine sampled them; each trained sample's loss-masked runs equal its episode's turns, token
   by token, with live versions (non-decreasing along the trajectory) and replies masked out; for the
   tiny built-in model, for an HF tokenizer with a chat template, and on vLLM (`vllm` marker);
+- an episode the append rule rejects (the HF template renders a turn cut by the token limit
+  differently from its sampled ids) is not trained: loss mask 0 everywhere, advantage 0, not in
+  `trainable`, its prompt still trained exactly once (`python -m orchestrator.audit` passes);
 - step lines carry the episode fields; a bad `task.env` and an environment that raises are exit 2
   with one line naming them (and the row), nothing left behind."""
 import json
@@ -109,8 +112,9 @@ def test_trainer_sees_exactly_the_sampled_ids(tmp_path, model, request):
             live = vers[mask.astype(bool)]
             assert (live >= 0).all() and (np.diff(live) >= 0).all() and (vers[~mask.astype(bool)] == -1).all()
             assert (b.logprobs[sl][mask.astype(bool)] <= 0).all()
-            if len(runs) == 1:     # the reply could not be appended: the episode ends after turn 1
-                assert tokens[runs[0][0]:runs[0][1]].tolist() in firsts and b.rewards[i] == 0
+            if not runs:       # the reply could not be appended: the episode ended after turn 1, untrained
+                assert tokens[b.prompt_lens[i]:].tolist() in firsts
+                assert b.rewards[i] == 0 and b.advantages[i] == 0
                 alone += 1
                 continue
             between = tok.decode(tokens[runs[0][1]:runs[1][0]].tolist(), skip_special_tokens=False)
@@ -118,10 +122,16 @@ def test_trainer_sees_exactly_the_sampled_ids(tmp_path, model, request):
             assert [tokens[a:b_].tolist() for a, b_ in runs] == [turns[0], turns[1]]     # token by token
             checked += 1
         assert alone == line["rollouts_rejected"], (step, alone, line)
+        assert line["trainable"] == b.n - alone
         rejected += alone
     assert checked + rejected == 6 * 4 * 4 and checked >= rejected
     if model != "hf":
         assert rejected == 0           # contents only: every reply appends
+    else:                              # rejected episodes still consume their prompts exactly once
+        assert rejected > 0
+        audit = subprocess.run([sys.executable, "-m", "orchestrator.audit", str(tmp_path / "run")],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert audit.returncode == 0 and json.loads(audit.stdout)["ok"], audit.stdout[-2000:]
     last = steps(tmp_path / "run")[-1]
     assert last["turns_max"] == 2 and last["episodes_limited"] == 0
     assert last["tool_calls"] == 16      # every first step() reports its call, appended or not

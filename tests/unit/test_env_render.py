@@ -1,13 +1,14 @@
 """Multi-turn rendering is append-only: the trajectory's ids (opening, sampled turns verbatim,
 replies) always decode to the chat template's rendering of the conversation; a template that
-rewrites an earlier turn is refused (AppendError); the built-in tokenizer renders contents."""
+rewrites an earlier turn is refused (AppendError); the built-in tokenizer renders contents; a reply
+that cannot fit in the tokens left is refused (TooLong) without being tokenized."""
 import shutil
 
 import pytest
 
 from orchestrator.config import TaskConfig
 from orchestrator.data.tokens import load_tokens
-from orchestrator.envs.render import AppendError, TurnRenderer
+from orchestrator.envs.render import AppendError, TooLong, TurnRenderer
 
 pytest.importorskip("transformers")
 
@@ -90,3 +91,34 @@ def test_malformed_messages_are_a_type_error(bad):
     r = TurnRenderer(load_tokens(None), TaskConfig())
     with pytest.raises(TypeError, match="role"):
         r.opening(bad)
+
+
+class _Counting:
+    """The real tokenizer, recording the length of every text it encodes."""
+
+    def __init__(self, tok):
+        self._tok, self.seen = tok, []
+
+    def __call__(self, text, **kw):
+        self.seen.append(len(text))
+        return self._tok(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+@pytest.mark.parametrize("model", ["hf", "builtin"])
+def test_a_reply_that_cannot_fit_is_refused_before_it_is_tokenized(model, request):
+    base = load_tokens(str(request.getfixturevalue("hf_model_dir")) if model == "hf" else None)
+    counting = _Counting(base.tokenizer)
+    r = TurnRenderer(type(base)(counting, base.stop_ids, base.pad_id), TaskConfig())
+    opening = USER if model == "hf" else [{"role": "user", "content": "47>"}]
+    ids, state = r.opening(opening, budget=50)
+    huge = [{"role": "tool", "content": "7" * 1_000_000}]
+    turn = _enc(base.tokenizer, "12")
+    history = [*opening, {"role": "assistant", "content": "12"}]
+    with pytest.raises(TooLong, match="cannot fit in 40 tokens"):
+        r.reply(state, history, turn, huge, budget=40)
+    assert max(counting.seen) <= 40 * r.max_token_chars < 1_000_000      # never tokenized whole
+    small = [{"role": "tool", "content": "= 83"}]                        # what fits still appends
+    assert r.reply(state, history, turn, small, budget=40)

@@ -2,7 +2,9 @@
 decode loop in place of the backend: trajectories are appended exactly (sampled ids verbatim with
 their versions and logprobs, replies masked out), limits end episodes with reward 0 and a counted
 reason, a raising environment fails naming it and the row or is counted, sync environments run on
-the pool, every episode's environment is closed once, cancel stops a group."""
+the pool, every episode's environment is closed once, cancel stops a group; a rejected episode is not trained
+(mask 0); a hung blocking call is abandoned and its pool thread replaced, a blocked loop is reported
+naming the call; a huge reply ends the episode without being tokenized (nor on the loop)."""
 import asyncio
 import os
 import threading
@@ -161,6 +163,7 @@ def test_a_reply_that_cannot_be_appended_is_rejected_and_counted(hf_model_dir):
     (g,), _ = drive(r, sample=lambda k: list(tokens.tokenizer("ab", add_special_tokens=False)["input_ids"]) + [stop])
     r.close()
     assert g.rewards.tolist() == [0, 0] and g.scalars[REJECTED] == 2
+    assert not g.loss_mask.any()         # not trained: the turns it sampled are masked out too
 
 
 @pytest.mark.parametrize("fail, needle", [("reset", "reset() raised KeyError"),
@@ -255,3 +258,125 @@ def test_bad_env_args_fail_naming_the_environment():
                                            r"with task.env_args raised TypeError"):
         drive(r)
     r.close()
+
+
+class SyncHang:
+    """Plain methods, one turn, reward 1; step() on row `hang_row` blocks until `release` is set
+    (a tool that never answers)."""
+    release = threading.Event()
+
+    def __init__(self, hang_row: int = -1):
+        self.hang_row, self.row = hang_row, None
+
+    def reset(self, row):
+        self.row = row["prompt"]
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, turn):
+        if self.row == f"{self.hang_row:02d}>":
+            SyncHang.release.wait()
+        return StepResult(done=True)
+
+    def score(self, transcript):
+        return 1.0
+
+
+def test_a_stuck_sync_call_leaves_the_pool_to_healthy_episodes():
+    """One pool thread: the hung step() of row 5 is abandoned at its timeout and its thread replaced,
+    so the episodes after it (same worker, same pool) still get their real reward; the stuck call is
+    reported naming the environment and the row, and pool threads never hold up the exit."""
+    SyncHang.release.clear()
+    rows = lambda is_eval, row: {"prompt": f"{row:02d}>"}       # noqa: E731
+    lim = Limits(2, 3, 60, 1.0, "fail", workers=1)
+    r = EpisodeRunner(SyncHang, {"hang_row": 5}, TurnRenderer(TOKENS, TaskConfig()), TOKENS, rows, lim,
+                      "hang.py:SyncHang", seed=0)
+    try:
+        r.start(1, prompt_id=0, row=5, n=1, is_eval=False, temperature=1.0)
+        (g,), _ = drive(r)
+        assert g.rewards.tolist() == [0] and g.scalars[LIMITED] == 1          # the hung one: limited
+        for rid in (2, 3):                 # later groups on the same one-thread pool
+            r.start(rid, prompt_id=rid, row=rid, n=3, is_eval=False, temperature=1.0)
+            (g,), _ = drive(r)
+            assert g.rewards.tolist() == [1, 1, 1] and g.scalars[LIMITED] == 0
+        why = r.hung(max_stuck=0)
+        assert why is not None and "environment 'hang.py:SyncHang'" in why and "1 blocking calls" in why
+        assert "step() of environment 'hang.py:SyncHang' for row 5 (prompt 0)" in why and "\n" not in why
+        assert r.hung(max_stuck=1) is None
+        pool = [t for t in threading.enumerate() if t.name.startswith("env-")]
+        assert pool and all(t.daemon for t in pool)
+    finally:
+        r.close()
+        SyncHang.release.set()
+
+
+class BlockingStep(Echo):
+    """An async step() that blocks its thread instead of awaiting (here until `release`)."""
+    release = threading.Event()
+
+    async def step(self, turn):
+        BlockingStep.release.wait(60)          # a time.sleep in an async method, but releasable
+        return await super().step(turn)
+
+
+def test_an_async_method_that_blocks_the_loop_is_reported_naming_it():
+    """The loop's own stamp stops: hung() names the call, the row and the blocking line; close()
+    does not wait on the stalled loop."""
+    BlockingStep.release.clear()
+    r = runner(cls=BlockingStep, timeout_s=0.5)
+    try:
+        assert r.hung(0) is None
+        r.start(4, prompt_id=8, row=3, n=2, is_eval=False, temperature=1.0)
+        end, why = time.monotonic() + 30, None
+        while why is None and time.monotonic() < end:
+            for t in r.requests():
+                r.turn_done(t.key, Sequences.build(0, t.key, 0, [{"prompt": list(t.ids), "completion": [EOS],
+                                                                  "logprobs": [-1.0], "versions": 0}]))
+            why = r.hung(max_stuck=99)
+            time.sleep(0.01)
+        assert why is not None, "a blocked loop was never reported"
+        assert why.startswith("step() of environment 'echo' for row 3 (prompt 8) at test_env_runner.py:")
+        assert "blocked the environment loop" in why and "(step)" in why
+        r.close()
+        assert r._thread.is_alive()            # not waited for: it is stuck in the environment
+    finally:
+        BlockingStep.release.set()
+    r._thread.join(30)                         # once the call returns, the loop shuts down by itself
+    assert not r._thread.is_alive()
+
+
+class HugeReply(Echo):
+    """Replies with `chars` characters."""
+
+    def __init__(self, chars: int):
+        super().__init__(turns=9, reply="=" * chars)
+
+
+class CountingTokenizer:
+    """The real tokenizer, recording the length of every text it encodes and the thread encoding it."""
+
+    def __init__(self, tok):
+        self._tok, self.seen = tok, []
+
+    def __call__(self, text, **kw):
+        self.seen.append((len(text), threading.get_ident()))
+        return self._tok(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_a_huge_reply_ends_limited_without_being_tokenized_on_the_loop():
+    """A 2M-character reply to an episode with 60 tokens in all: the episode ends limited, the
+    tokenizer never sees more than the budget's worth of characters, and never on the loop thread."""
+    counting = CountingTokenizer(TOK)
+    tokens = type(TOKENS)(counting, TOKENS.stop_ids, TOKENS.pad_id)
+    rows = lambda is_eval, row: {"prompt": f"{row:02d}>"}       # noqa: E731
+    r = EpisodeRunner(HugeReply, {"chars": 2_000_000}, TurnRenderer(tokens, TaskConfig()), tokens, rows,
+                      Limits(4, 3, 60, 10.0, "fail", 2), "huge", seed=0)
+    r.start(1, prompt_id=0, row=4, n=2, is_eval=False, temperature=1.0)
+    (g,), turns = drive(r)
+    r.close()
+    assert g.rewards.tolist() == [0, 0] and g.scalars[LIMITED] == 2 and len(turns) == 2
+    assert counting.seen and max(n for n, _ in counting.seen) <= 60 * TurnRenderer(
+        TOKENS, TaskConfig()).max_token_chars
+    assert r._thread.ident not in {t for _, t in counting.seen}
