@@ -275,7 +275,7 @@ class VerifiersEnv(Environment):
         self._parse = _resolve_parser(self.parser_spec)
         loop = asyncio.get_running_loop()
         self.vf_env = await loop.run_in_executor(None, load, self.spec, self.env_kwargs)
-        pool = self._pool if isinstance(self._pool, cf.ThreadPoolExecutor) else None
+        pool = None if isinstance(self._pool, cf.ProcessPoolExecutor) else self._pool  # threads: EnvPool
         _TOOL_POOL.set(pool)                     # the rollout task inherits it (a context copy)
         self._events = asyncio.Queue()
         self._task = asyncio.ensure_future(self._drive(self._input(row)))
