@@ -1,6 +1,10 @@
 """Run-level errors: what the supervisor reports and the exit code launch maps them to."""
 from __future__ import annotations
 
+# An inference worker whose environment hung exits with this code and no Fatal
+# (task.env_on_hang=restart): a dead worker to restart, named as a hang in the run's messages.
+ENV_HUNG_EXIT = 75      # EX_TEMPFAIL: try again
+
 
 class RunFailed(RuntimeError):
     """The run cannot continue; `exit_code` is 2 for bad input, 1 otherwise."""

@@ -26,12 +26,12 @@ from orchestrator.backends.base import GenRequest
 from orchestrator.channels import recv
 from orchestrator.config import Config
 from orchestrator.envs.runner import EpisodeRunner
+from orchestrator.errors import ENV_HUNG_EXIT
 from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
 
 IDLE_WAIT_S = 0.05
 PUT_TIMEOUT_S = 60.0
 REWARD_POLL_S = 0.002         # how often scored groups are looked for while rewards run
-ENV_HUNG_EXIT = 75            # task.env_on_hang=restart (EX_TEMPFAIL: try again)
 
 
 class EnvHung(RuntimeError):

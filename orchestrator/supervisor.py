@@ -48,7 +48,7 @@ from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, re
                                    weight_nbytes)
 from orchestrator.config import Config
 from orchestrator.durable import atomic_write
-from orchestrator.errors import Interrupted, RunFailed, WorkerFatal, worker_name
+from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
 from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
@@ -241,6 +241,8 @@ class Supervisor:
                 extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"
                 raise RunFailed(f"{self._name(role, i)} (pid {p.pid}) died with exit code "
                                 f"{p.exitcode}{extra}; {where}")
+            if p.exitcode == ENV_HUNG_EXIT:
+                where = f"its environment hung (task.env_on_hang=restart): {where}"
             if self.cfg.inference.on_worker_death == "fail" or self.restarts >= self.cfg.inference.max_restarts:
                 raise RunFailed(f"inference worker {i} (pid {p.pid}) died with exit code {p.exitcode} "
                                 f"(restarts used {self.restarts}/{self.cfg.inference.max_restarts}, "
