@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
-                      ValidationError, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PositiveFloat,
+                      PrivateAttr, ValidationError, field_validator, model_validator)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -258,11 +258,12 @@ class ActorConfig(_Section):
     ppo_epochs: int = Field(1, ge=1, le=1000, description="optimizer passes over each batch (<= 1000: "
                             "more only overfits one batch)")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus on loss-masked tokens (0: off)")
-    logprob_diff_limit: Optional[float] = Field(
-        None, gt=0, description="fail the run when a step's logprob_diff_mean (mean |trainer - "
+    logprob_diff_limit: Union[Literal["auto"], PositiveFloat, None] = Field(
+        "auto", description="fail the run when a step's logprob_diff_mean (mean |trainer - "
         "inference| logprob over tokens sampled by the weights the trainer recomputed with; needs "
         "recompute_logprob) exceeds this: inference is not sampling from the trained weights. "
-        "None: reported only")
+        "auto: a bound a correct engine never reaches in its dtype (`logprob_diff_default`: 1e-3 "
+        "when trainer and inference compute in float32, 0.1 otherwise); None: reported only")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="learning-rate schedule over run.total_steps")
     lr_min_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of actor.lr")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
@@ -298,6 +299,15 @@ class ActorConfig(_Section):
             raise ValueError(f"device {twice!r} is listed twice (one trainer rank per device)")
         return v
 
+    @field_validator("logprob_diff_limit", mode="before")
+    @classmethod
+    def _auto_number_or_null(cls, v: Any) -> Any:
+        if v is None or v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise ValueError("must be 'auto', a number > 0 or null (reported only)")
+        return float(v)
+
     @model_validator(mode="after")
     def _decoupled_needs_recompute(self) -> "ActorConfig":
         if self.use_decoupled_loss and not self.recompute_logprob:
@@ -321,6 +331,29 @@ class ActorConfig(_Section):
     def strategy(self) -> str:
         """'none', 'fsdp' or 'ddp': `sharding` with auto resolved."""
         return self._layout()[2]
+
+
+# Mean |trainer - inference| logprob a correct engine stays far below: float32 on both sides agrees to
+# ~1e-6 (vLLM's kernels vs torch's, CPU) and ~1e-5 on GPU; a bf16/fp16 side or a vLLM KV cache kept
+# across reloads (inference.vllm.recompute_kv_on_reload=false) to ~1e-3-1e-2. Dropped or stale
+# weights are 0.05 nats and more (issue #22: a skipped o_proj.bias was 0.17-0.23).
+EXACT_DIFF_LIMIT, ROUNDED_DIFF_LIMIT = 1e-3, 0.1
+
+
+def logprob_diff_default(cfg: "Config") -> float:
+    """`actor.logprob_diff_limit: auto` for a run config: EXACT_DIFF_LIMIT when the trainer
+    (actor.param_dtype or model.dtype) and the inference engine (model.dtype; vLLM: its
+    `inference.vllm.dtype`, auto being bfloat16 on GPU for a float32 model) both compute in float32
+    and every token is sampled under the weights it is stamped with, ROUNDED_DIFF_LIMIT otherwise."""
+    inf, model = cfg.inference, cfg.model.dtype
+    engine = model
+    if inf.backend == "vllm":
+        engine = inf.vllm.dtype if inf.vllm.dtype != "auto" else (
+            "bfloat16" if inf.devices and model == "float32" else model)
+    trainer = cfg.actor.param_dtype or model
+    exact = engine == trainer == "float32" and not (
+        inf.backend == "vllm" and not inf.vllm.recompute_kv_on_reload)
+    return EXACT_DIFF_LIMIT if exact else ROUNDED_DIFF_LIMIT
 
 
 def trainer_layout(actor: dict) -> tuple[list[str], int, str]:
@@ -613,6 +646,8 @@ class Config(_Section):
                              f"{inf.num_workers} inference workers gets "
                              f"{len(inf.devices) // inf.num_workers} of inference.devices: give every "
                              f"worker {tp} devices")
+        if self.actor.logprob_diff_limit == "auto":       # resolved: the run's config holds the number
+            self.actor.logprob_diff_limit = logprob_diff_default(self)
         return self
 
     @property
