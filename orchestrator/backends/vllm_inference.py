@@ -12,7 +12,11 @@ Contract (same observable behaviour as TorchInference):
   (`build_model(cfg.model, vocab, cfg.run.seed)`) is saved with `save_pretrained` into a temporary
   directory inside the run's scratch directory `ARL_SCRATCH` (removed by `close()`, and with the
   scratch directory by the supervisor when the worker is killed), so vLLM's version 0 is the
-  trainer's version 0. Sampling is seeded with `sample_seed` (default `cfg.run.seed`). `inference.max_batch` is vLLM's max_num_seqs;
+  trainer's version 0. Before the backend is ready, the engine's loader is asked which of the
+  published names (the trainer's flat layout) it would drop (`vllm_adapter.dropped_names`): any is
+  a ValueError naming them (the supervisor's exit 2). The engine's temporary files (and with them its /dev/shm buffers on CPU
+  tensor parallel) belong to the worker's `scratch.engine_home()` (TMPDIR of the worker process),
+  released when the worker is replaced or the run ends. Sampling is seeded with `sample_seed` (default `cfg.run.seed`). `inference.max_batch` is vLLM's max_num_seqs;
   `inference.vllm` holds the engine settings (dtype, KV-cache size, max_model_len, ...), with
   defaults by platform: the context is the task's longest prompt + `rollout.max_new_tokens` (at most
   the model's), the KV cache holds `inference.max_batch` such sequences on CPU and is sized from
@@ -38,9 +42,9 @@ Contract (same observable behaviour as TorchInference):
 - `load_weights(version, flat)`: the flat buffer (orchestrator.model layout) becomes (name, tensor)
   views without a copy and goes through `collective_rpc` to `vllm_adapter.FlatWeightsExtension` (installed as the
   engine's `worker_extension_cls`) on every rank, which calls vLLM's in-place `reload_weights` (it re-runs the
-  weight post-processing, e.g. the CPU GEMM prepacking). Every reload is verified: each engine
-  parameter must have been loaded, else ValueError naming them (the version does not advance; the
-  worker fails the run). A tied LM head is given again under `lm_head.weight` (vLLM keeps its own
+  weight post-processing, e.g. the CPU GEMM prepacking). Every reload is verified: each published
+  tensor must have been consumed and each engine parameter loaded, else ValueError naming them
+  (the version does not advance; the worker fails the run). A tied LM head is given again under `lm_head.weight` (vLLM keeps its own
   processed copy, which would stay stale). With `recompute_kv_on_reload` the running
   requests are then preempted (`reset_prefix_cache(reset_running_requests=True)`): their KV cache is
   recomputed under the new weights, so every later token's logprob is exact under `version`, as in
@@ -63,6 +67,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from orchestrator import scratch
 from orchestrator.backends import vllm_adapter
 from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.backends.torch_inference import (KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences,
@@ -153,11 +158,21 @@ class VllmInference:
             self.max_seq_len = context_length(cfg, hf_config, prompt_tokens)
             self.kv_bytes = kv_cache_bytes(cfg, hf_config, self.max_seq_len)
             self.recompute_kv = bool(vc.recompute_kv_on_reload)
+            if (home := scratch.engine_home()) is not None:
+                # the engine's temporary files (its rendezvous file, which names its /dev/shm
+                # buffers) in a home of this worker's: a killed worker's are found and freed
+                os.environ["TMPDIR"] = home
+                tempfile.tempdir = None
             if not cfg.inference.devices:
                 # vLLM keeps torch at 1 thread unless OMP_NUM_THREADS is set; honour the config
                 os.environ.setdefault("OMP_NUM_THREADS", str(cfg.inference.threads_per_worker))
                 torch.set_num_threads(cfg.inference.threads_per_worker)
             self.engine = self._build_engine(cfg, model_dir, sample_seed)
+            dropped = vllm_adapter.dropped_names(self.engine, self.layout)
+            if dropped:             # every reload would be accepted while serving another policy
+                arch = (getattr(hf_config, "architectures", None) or [type(hf_config).__name__])[0]
+                raise ValueError(f"model.path={cfg.model.path or '(the built-in model)'}: "
+                                 f"{vllm_adapter.dropped_message(arch, dropped)}")
         except BaseException:
             self.close()
             raise

