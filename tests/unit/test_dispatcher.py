@@ -46,15 +46,19 @@ def test_pause_holds_prompts_in_the_in_queue(rings):
     assert [m.request_id for m in d.pump()] == [1]
 
 
-def test_full_ring_leaves_prompt_queued(rings):
-    d = Dispatcher(rings[:1], queue_size=10**6)
+def fill(d):
+    """Pump prompts 0, 1, ... until no live worker's ring takes one more; how many it took."""
     n = 0
     while True:
         d.enqueue(gen(n))
         if not d.pump():
-            break
+            return n
         n += 1
-    assert n > 10 and len(d.in_queue) == 1
+
+
+def test_full_ring_leaves_prompt_queued(rings):
+    d = Dispatcher(rings[:1], queue_size=10**6)
+    assert fill(d) > 10 and len(d.in_queue) == 1
 
 
 def test_dead_worker_returns_its_inflight(rings):
@@ -73,12 +77,7 @@ def test_control_never_waits_on_a_full_ring_and_keeps_ring_order(rings):
     its outbox, and reaches the ring ahead of any later prompt; other workers are unaffected."""
     d = Dispatcher(rings, queue_size=10**6)
     d.live[1] = False                         # fill worker 0's ring to the brim
-    n = 0
-    while True:
-        d.enqueue(gen(n))
-        if not d.pump():
-            break
-        n += 1
+    fill(d)
     d.in_queue.clear()
     d.control(0, messages.Abort(request_id=0))          # returns without waiting
     d.broadcast(messages.LoadWeights(version=7))
