@@ -4,9 +4,10 @@ Contract: `EnvPool(workers, name)` is a `concurrent.futures.Executor` (`submit`,
 adds a label naming the call) with `workers` threads taking work, started on first use. Its threads
 are daemons: a call that never returns cannot hold up the process's exit. `sweep(max_age_s)`
 abandons every call running longer than `max_age_s` (the episode runner's loop tick passes
-`task.env_timeout_s`: the caller's own timeout has fired, nobody awaits the call any more): its
-thread stops counting against `workers`, a fresh thread takes its place at once, and the abandoned
-one ends when its call returns, if ever. `stuck()` lists the abandoned calls still running (label,
+`task.env_timeout_s`; the time counts from the call's start, not its wait in the queue, so calls
+queued behind a hung one keep their whole time): its future fails with TimeoutError (the awaiting
+episode ends limited), its thread stops counting against `workers`, a fresh thread takes its place
+at once, and the abandoned one ends when its call returns, if ever. `stuck()` lists the abandoned calls still running (label,
 seconds running), oldest first: the runner reports them past `task.env_max_stuck_calls`.
 `shutdown()` cancels queued calls, stops the idle threads and returns at once (`wait`: joins the
 counted ones, bounded by JOIN_TIMEOUT_S); a stuck thread is left to the process's exit.
@@ -60,15 +61,20 @@ class EnvPool(cf.Executor):
         return fut
 
     def sweep(self, max_age_s: float) -> None:
-        """Abandon the calls running longer than `max_age_s`; replace their threads."""
-        now = time.monotonic()
+        """Abandon the calls running longer than `max_age_s` (counted from when they started, not
+        from their wait in the queue): their futures fail with TimeoutError, their threads are
+        replaced."""
+        now, expired = time.monotonic(), []
         with self._lock:
             for c in self._running:
                 if not c.abandoned and now - c.t0 > max_age_s:
                     c.abandoned = True
+                    expired.append(c)
                     self._threads.remove(c.thread)
                     if not self._closed:
                         self._spawn()
+        for c in expired:
+            _settle(c.future.set_exception, TimeoutError(f"{c.label} ran longer than {max_age_s:g}s"))
 
     def stuck(self) -> list[tuple[str, float]]:
         now = time.monotonic()
@@ -116,11 +122,19 @@ class EnvPool(cf.Executor):
             try:
                 result = item.fn()
             except BaseException as exc:        # noqa: BLE001 - handed to the awaiting caller
-                item.future.set_exception(exc)
+                _settle(item.future.set_exception, exc)
             else:
-                item.future.set_result(result)
+                _settle(item.future.set_result, result)
             with self._lock:
                 self._running.discard(item)
                 if item.abandoned:              # replaced meanwhile: this thread ends
                     return
             del item
+
+
+def _settle(setter, value) -> None:
+    """Complete a future unless the sweep already failed it (an abandoned call that returned)."""
+    try:
+        setter(value)
+    except cf.InvalidStateError:
+        pass

@@ -265,13 +265,15 @@ class EpisodeRunner:
             if inspect.iscoroutinefunction(fn):
                 coro = asyncio.ensure_future(fn(*args))
                 self._live[coro] = f"{what} of {self._where(g)}"
-            else:       # a stuck one is abandoned by the pool's sweep; its thread replaced
-                coro = asyncio.wrap_future(self.calls.call(f"{what} of {self._where(g)}", fn, *args))
-            result = await asyncio.wait_for(coro, self.limits.timeout_s)
+                result = await asyncio.wait_for(coro, self.limits.timeout_s)
+            else:       # timed from its start by the pool's sweep (queue time excluded): a stuck
+                        # one fails with TimeoutError and its thread is replaced
+                result = await asyncio.wrap_future(
+                    self.calls.call(f"{what} of {self._where(g)}", fn, *args))
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, self.limits.timeout_s)
             return result
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, TimeoutError):
             raise _Ended("limited") from None
         except (asyncio.CancelledError, _Ended):
             raise
