@@ -116,9 +116,11 @@ def test_kill_resume_long_soak(tmp_path):
 
 
 def test_soak_reports_a_run_that_fails_on_its_own(tmp_path):
-    # every launch exits 2 (a non-finite reward): reported as failures, never a traceback
+    # every launch exits 2 (a non-finite reward): reported as failures, never a traceback. The
+    # first rollout's reward is the bad one, so each launch fails before its first step line, which
+    # a steady-state kill waits for: no kill can land first, however slow the machine
     out, result = soak(tmp_path, "--kills", "1", "--phases", "steady", "--hang-timeout", "30",
-                       "run.total_steps=20", "inference.sim.nan_reward_after=30")
+                       "run.total_steps=20", "inference.sim.nan_reward_after=1")
     assert out.returncode == 1 and not result["ok"]
     assert any(f.startswith("round 0 (steady): exited 2 on its own") and "non-finite reward" in f
                for f in result["failures"]), result["failures"]

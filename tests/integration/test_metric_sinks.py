@@ -59,12 +59,11 @@ def test_wandb_offline_run_continues_across_a_resume(tmp_path):
 def test_a_sink_that_cannot_start_warns_once_and_the_run_goes_on(tmp_path):
     pytest.importorskip("tensorboard")
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "tensorboard").write_text("a file where the event directory should be\n")
-    blocker = tmp_path / "no_wandb" / "wandb"       # an import of wandb that fails, as when missing
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
-    env_path = os.pathsep.join([str(tmp_path / "no_wandb"), str(ROOT)])
+    for name in ("tensorboard", "wandb"):     # imports that fail, as when the package is missing
+        blocker = tmp_path / "missing" / name  # (a fresh start clears run_dir/tensorboard itself)
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text(f"raise ImportError(\"No module named '{name}'\")\n")
+    env_path = os.pathsep.join([str(tmp_path / "missing"), str(ROOT)])
     out = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config", "configs/sim.yaml",
                           f"run.dir={run_dir}", "run.total_steps=15", "metrics.tensorboard=true",
                           "metrics.wandb.project=arl-test"],
@@ -73,6 +72,6 @@ def test_a_sink_that_cannot_start_warns_once_and_the_run_goes_on(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     warnings = [line for line in out.stderr.splitlines() if line.startswith("warning: metrics sink")]
     assert len(warnings) == 2, out.stderr
-    assert any("sink tensorboard failed" in w for w in warnings)
+    assert any("sink tensorboard failed" in w and "No module named 'tensorboard'" in w for w in warnings)
     assert any("sink wandb failed" in w and "No module named 'wandb'" in w for w in warnings)
     assert [r["step"] for r in _records(run_dir, "step")] == list(range(1, 16))
