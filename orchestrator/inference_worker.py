@@ -83,7 +83,6 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                               timeout=30.0)
 
     reqs: dict[int, tuple[bool, int]] = {}        # request id -> (eval, dataset row), generating
-    running_episodes: set[int] = set()            # multi-turn request ids not emitted yet
 
     def requests_waiting() -> bool:
         head, tail = req.positions()
@@ -106,7 +105,6 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             while msg is not None:
                 if isinstance(msg, messages.Generate):
                     if episodes is not None:      # n episodes; their turns come back as requests
-                        running_episodes.add(msg.request_id)
                         episodes.start(msg.request_id, msg.prompt_id, msg.row, msg.n, msg.eval,
                                        msg.temperature)
                     else:
@@ -120,10 +118,10 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     ctx.beat()
                     ctx.send(messages.WeightsLoaded(index=spec.index, version=got))
                 elif isinstance(msg, messages.Abort):      # answered, so the supervisor can forget it
-                    live = msg.request_id in reqs or msg.request_id in running_episodes
+                    live = msg.request_id in reqs or (episodes is not None
+                                                      and episodes.running(msg.request_id))
                     backend.abort(msg.request_id)
                     reqs.pop(msg.request_id, None)
-                    running_episodes.discard(msg.request_id)
                     for key in episodes.cancel(msg.request_id) if episodes is not None else ():
                         backend.abort(key)
                     ctx.send(messages.Aborted(index=spec.index, request_id=msg.request_id,
@@ -152,7 +150,6 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                     emit(seqs)
             if episodes is not None:
                 for seqs in episodes.ready():
-                    running_episodes.discard(seqs.ident)
                     emit(seqs)
                 if (why := episodes.hung(cfg.task.env_max_stuck_calls)) is not None:
                     if cfg.task.env_on_hang == "fail":

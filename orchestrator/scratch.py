@@ -22,13 +22,14 @@ import shutil
 import tempfile
 from typing import Optional
 
+from shm.segments import SHM_DIR
+
 PREFIX = "arl-scratch-"
 ENV = "ARL_SCRATCH"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-[0-9a-f]+\Z")
 
 
 ENGINE_PREFIX = "vllm_dist_"
-SHM_DIR = "/dev/shm"
 _HOME = re.compile(r"engine-(\d+)\Z")
 
 

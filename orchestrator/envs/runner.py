@@ -5,7 +5,8 @@ thread calls `start(request_id, prompt_id, row, n, is_eval, temperature)` for a 
 of dataset row `row`), `requests()` for the model turns to put to the backend (`TurnRequest`: key,
 the trajectory's ids so far, max new tokens), `turn_done(key, sequences)` with the backend's
 one-row result of a turn, `ready()` for finished groups (`shm.codec.Sequences`, rewards and
-scalars filled), `cancel(request_id)` (returns the turn keys to abort in the backend), `close()`.
+scalars filled), `cancel(request_id)` (returns the turn keys to abort in the backend),
+`running(request_id)` (started, not cancelled, not handed out yet), `close()`.
 Episodes are coroutines on the environment thread's asyncio loop; blocking calls run on a pool of
 `task.env_workers` daemon threads (`envs.pool.EnvPool`; tools on processes with
 `task.env_processes`), rendering and tokenizing on a thread of its own. The decode loop never waits
@@ -183,6 +184,11 @@ class EpisodeRunner:
         if g is not None and g.task is not None:
             g.task.cancel()
         return keys
+
+    def running(self, request_id: int) -> bool:
+        """Whether the group is still here: started, not cancelled, not handed out by `ready()`."""
+        with self._lock:
+            return request_id in self._groups
 
     def busy(self) -> bool:
         return bool(self._groups)
