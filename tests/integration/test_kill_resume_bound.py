@@ -5,6 +5,8 @@ token's head is older than M in any batch, those trained right after a resume in
 rollouts saved with a checkpoint are judged by the same bound)."""
 import json
 
+import pytest
+
 from tests.integration.lifecycle import steps
 from tests.integration.test_age_bound import head_ages
 from tests.integration.test_kill_resume import soak
@@ -12,6 +14,9 @@ from tests.integration.test_kill_resume import soak
 M = 3
 
 
+# a soak, slow-marked like the dataset and multi-turn ones; its exactness sibling (the hard bound
+# on a long-tailed run, test_age_bound) stays in the default suite
+@pytest.mark.slow
 def test_kill_resume_soak_with_the_hard_bound(tmp_path):
     total = 40
     out, result = soak(tmp_path, "--kills", "3", "--seed", "3", "--phases",
