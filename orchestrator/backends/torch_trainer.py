@@ -13,7 +13,7 @@ Contract (TrainerBackend of base.py):
   (orchestrator.backends.microbatch; padded, or packed into one row with `actor.pack_sequences`).
   Per-sequence `batch.advantages` are broadcast to the loss-masked tokens; behaviour logprobs are
   `batch.logprobs`. With `actor.recompute_logprob`, the logprobs of the current policy are
-  recomputed once before the update (no grad) as the proximal policy. Loss (orchestrator.loss):
+  recomputed once before the update (no grad) as the proximal policy. Loss (orchestrator.algo.loss):
   decoupled objective when `actor.use_decoupled_loss`; otherwise the standard clip against the
   recomputed logprobs when recomputing (AReaL's choice), else against the behaviour logprobs. Then
   `actor.ppo_epochs` passes over the batch of (PPO loss - `actor.entropy_coef` x mean entropy of the
@@ -52,7 +52,7 @@ import torch
 
 from orchestrator.backends import sharding
 from orchestrator.backends.microbatch import plan
-from orchestrator.loss import masked_mean, ppo_loss
+from orchestrator.algo.loss import masked_mean, ppo_loss
 from orchestrator.data.tokens import load_tokens
 from orchestrator.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)

@@ -1,10 +1,10 @@
-"""orchestrator.loss.ppo_loss: standard clip, decoupled objective, behaviour-weight cap, masking."""
+"""orchestrator.algo.loss.ppo_loss: standard clip, decoupled objective, behaviour-weight cap, masking."""
 import math
 
 import pytest
 import torch
 
-from orchestrator.loss import ppo_loss
+from orchestrator.algo.loss import ppo_loss
 
 
 def _t(values):
