@@ -25,7 +25,10 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       PrivateAttr, ValidationError, field_validator, model_validator)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+# the configs: an installed copy carries them as orchestrator/configs (setup.py), a checkout at its root
+_PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = _PACKAGED_CONFIGS if _PACKAGED_CONFIGS.is_dir() else REPO_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
 
 class ConfigError(ValueError):
@@ -788,6 +791,9 @@ def env_spec(cfg: Config) -> Optional[str]:
 def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) -> Config:
     """Load YAML (default: configs/default.yaml), apply dotted overrides, validate."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.is_absolute() and path.parts[:1] == ("configs",) and not path.exists():
+        shipped = CONFIG_DIR.joinpath(*path.parts[1:])      # configs/X.yaml from any directory
+        path = shipped if shipped.is_file() else path
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)

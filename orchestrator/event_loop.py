@@ -22,11 +22,12 @@ from typing import Optional
 
 import numpy as np
 
-from orchestrator import checkpoint, messages
+from orchestrator import messages
+from orchestrator.run import checkpoint
 from orchestrator.age_bound import AgeBound
 from orchestrator.channels import episode_tokens, recv, send
 from orchestrator.config import Config
-from orchestrator.durable import sync_files, write_record
+from orchestrator.run.durable import sync_files, write_record
 from orchestrator.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed, WorkerFatal, worker_name
 from orchestrator.eval_sink import EvalSink

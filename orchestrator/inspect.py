@@ -68,8 +68,8 @@ def _ranges(values: list[int]) -> str:
 
 def load_batch(run_dir: str, step: int):
     """The decoded batch of `step`; InspectError when it is absent or damaged."""
-    from orchestrator.audit import read_batch
-    from orchestrator.durable import RecordError
+    from orchestrator.run.audit import read_batch
+    from orchestrator.run.durable import RecordError
     from shm.codec import CodecError
 
     path = os.path.join(run_dir, "batches", f"step_{step:08d}.rec")

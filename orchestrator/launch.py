@@ -41,8 +41,8 @@ def _main(argv, stop) -> int:
     from orchestrator.data.tokens import DataError
     from orchestrator.preflight import check_machine
     from orchestrator.prompts import build_task
-    from orchestrator.durable import disk_full, is_disk_full
-    from orchestrator.run_dir import RunDirError, prepare_run_dir
+    from orchestrator.run.durable import disk_full, is_disk_full
+    from orchestrator.run.run_dir import RunDirError, prepare_run_dir
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -71,7 +71,7 @@ def _run(cfg, plan, stop, task) -> int:
               f"{cfg.run.total_steps}; nothing to run (run dir {plan.run_dir})", file=sys.stderr)
         return 0
 
-    from orchestrator.durable import disk_full, is_disk_full
+    from orchestrator.run.durable import disk_full, is_disk_full
     from orchestrator.errors import Interrupted, RunFailed
     from orchestrator.progress import Progress
     from orchestrator.supervisor import Supervisor

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from orchestrator.durable import disk_full
+from orchestrator.run.durable import disk_full
 
 
 def _clean(v):

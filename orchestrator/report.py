@@ -44,7 +44,7 @@ from typing import Optional
 
 import yaml
 
-from orchestrator.audit import read_metrics
+from orchestrator.run.audit import read_metrics
 
 TRAINING = ("loss", "train_clip_frac", "train_approx_kl", "train_imp_weight_mean", "train_ratio_mean",
             ("logprob_diff_mean", "logprob_diff_max"))

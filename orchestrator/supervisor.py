@@ -47,7 +47,7 @@ from orchestrator import liveness, messages, rank_failures, scratch
 from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send,
                                    weight_nbytes)
 from orchestrator.config import Config
-from orchestrator.durable import atomic_write
+from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
 from orchestrator.event_loop import EventLoop
 from orchestrator.metrics import MetricsLog, MetricsThread

@@ -221,7 +221,7 @@ def _spin(seconds: float) -> None:
 def check(run_dir, pids=(), final=True) -> dict:
     """`orchestrator.audit.audit` of the run directory, plus no /dev/shm entry of the supervisor
     `pids` left (final only)."""
-    from orchestrator.audit import audit
+    from orchestrator.run.audit import audit
     result = audit(run_dir, final=final)
     leftovers = _segments_of(pids) if final else []
     if leftovers:

@@ -1,8 +1,42 @@
 """Training recipes: advantage estimators, loss aggregation, policy losses, KL penalties and
-rollout corrections, as pure functions behind name -> function registries.
+rollout corrections, as pure functions behind name -> function registries (callers pass the
+configured name; none of them special-cases one).
 
 Modules:
-- loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`).
+- advantages: `compute_advantages(rewards, group_index, estimator, norm_by_std=True, eps=1e-6,
+  lengths=None)`: grpo, grpo_population_std, dr_grpo, rloo, reinforce_pp_baseline (numpy only:
+  the train sink runs in the supervisor, which never imports torch).
+- aggregate: `agg_loss(loss_mat, loss_mask, mode, horizon=None)` with verl's modes, and
+  `agg_units` for exact split (micro-batch, rank) invariance.
+- policy: `policy_loss(name, logprobs, old_logprobs, advantages, loss_mask, *, clip_low,
+  clip_high, clip_c=None, agg="token-mean", horizon=None, weights=None) -> (loss, stats)`: ppo
+  (asymmetric and dual clip), gspo, cispo.
+- kl: `kl_penalty(logprobs, ref_logprobs, estimator)`: k1, k2, k3.
+- correction: `rollout_correction(...)`: TIS / MIS weights at token, sequence or geometric level.
+- loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
+  trainer's loss before these recipes.
 
-May import torch and numpy only; nothing of the runtime, the loop or the run directory.
+May import torch and numpy only; nothing of the runtime, the loop or the run directory. The torch
+modules load on first use of their names, so `from orchestrator.algo import compute_advantages`
+imports numpy only.
 """
+from __future__ import annotations
+
+import importlib
+
+from orchestrator.algo.advantages import ESTIMATORS, compute_advantages
+
+_LAZY = {"agg_loss": "aggregate", "agg_units": "aggregate", "AGG_MODES": "aggregate",
+         "policy_loss": "policy", "POLICY_LOSSES": "policy",
+         "kl_penalty": "kl", "KL_ESTIMATORS": "kl",
+         "rollout_correction": "correction", "CORRECTIONS": "correction",
+         "CORRECTION_LEVELS": "correction"}
+
+__all__ = ["compute_advantages", "ESTIMATORS", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator.algo' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"orchestrator.algo.{module}"), name)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from orchestrator.durable import atomic_write
+from orchestrator.run.durable import atomic_write
 from orchestrator.config import SimTrainerConfig
 from shm.codec import Sequences
 

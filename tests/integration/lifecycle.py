@@ -85,7 +85,7 @@ def events(run_dir, name=None):
 
 def trained_prompt_ids(run_dir, total_steps):
     """Prompt ids of every sample in the persisted batches of steps 1..total_steps."""
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
     ids = []
     for step in range(1, total_steps + 1):

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from orchestrator.durable import read_record
+from orchestrator.run.durable import read_record
 from shm.codec import decode
 from tests.integration.lifecycle import ROOT, run, steps, trained_prompt_ids
 

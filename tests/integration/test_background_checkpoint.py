@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from orchestrator import checkpoint
+from orchestrator.run import checkpoint
 from tests.integration.lifecycle import run, steps
 
 
@@ -31,7 +31,7 @@ def test_torch_checkpoint_holds_exactly_its_steps_weights(tmp_path):
     background checkpoint k holds, bit for bit: the snapshot is step k's state, not a later one."""
     from orchestrator.backends.torch_trainer import TorchTrainer, read_weights
     from orchestrator.config import load_config
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
 
     out = run(tmp_path, "run.total_steps=12", "run.checkpoint_every=4", "eval.every_steps=0",

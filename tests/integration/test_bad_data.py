@@ -115,7 +115,7 @@ def test_tolerated_reward_errors_are_counted_in_step_lines(tmp_path):
 
 
 def test_overlong_prompts_are_filtered_counted_and_never_trained(tmp_path):
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
 
     long_rows = [{"prompt": "9" * 12 + ">", "answer": "9"}] * 5

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from orchestrator.durable import RecordError, read_record
+from orchestrator.run.durable import RecordError, read_record
 from tests.integration.lifecycle import error_lines, run, steps, trained_prompt_ids
 
 COMMON = ["run.checkpoint_every=5", "rollout.filter_zero_std=false", "run.total_steps=10"]
@@ -80,7 +80,7 @@ def test_damaged_batch_record_is_refused_not_misread(tmp_path):
 def test_pruning_never_counts_a_damaged_checkpoint(tmp_path):
     # checkpoints 5 and 10; 10 is damaged on disk; with run.keep_checkpoints=1 the resumed run
     # commits 8: the damaged 10 must not count as the kept one, or 8 and 5 would both go
-    from orchestrator import checkpoint
+    from orchestrator.run import checkpoint
     assert run(tmp_path, *COMMON[:2], "run.total_steps=10", "run.keep_checkpoints=2").returncode == 0
     _flip(_ckpt(tmp_path, 10) / "trainer" / "sim_trainer.json", 2)
     out = run(tmp_path, "run.resume=must", *COMMON[:2], "run.total_steps=8", "run.checkpoint_every=0",

@@ -6,8 +6,8 @@ kill -9 at checkpoint commits and prunes still recovers with every prompt traine
 import json
 import os
 
-from orchestrator.audit import audit
-from orchestrator.durable import read_record
+from orchestrator.run.audit import audit
+from orchestrator.run.durable import read_record
 from tests.integration.lifecycle import run, steps
 from tests.integration.test_kill_resume import soak
 

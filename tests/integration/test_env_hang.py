@@ -108,7 +108,7 @@ def _nothing_left(proc, procs):
 
 
 def _trained_rewards(run_dir):
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
     out = []
     for step in range(1, TOTAL + 1):

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from orchestrator import checkpoint
+from orchestrator.run import checkpoint
 from tests.integration.lifecycle import ROOT, error_lines, run, run_segments, start, steps
 
 

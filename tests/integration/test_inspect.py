@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from orchestrator.durable import read_record, write_record
+from orchestrator.run.durable import read_record, write_record
 from shm.codec import Sequences, decode, encode
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -149,7 +149,7 @@ T, B, G, S = 3, 2, 2, 1
 def make_run(d: Path, steps=(1, 2, 3), prompts=None, resumed=(), admitted=B, raw=False):
     """A hand-made run dir: config.yaml, metrics.jsonl with `steps`, batches 1..T with the prompt
     ids `prompts[k]` (default: stream order), each prompt a group of G samples."""
-    from orchestrator.durable import write_record
+    from orchestrator.run.durable import write_record
     from shm.codec import Sequences, encode
     (d / "batches").mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump({

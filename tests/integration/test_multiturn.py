@@ -96,7 +96,7 @@ def _runs(mask):
 
 @pytest.mark.parametrize("model", ["builtin", "hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_trainer_sees_exactly_the_sampled_ids(tmp_path, model, request):
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from orchestrator.data.tokens import load_tokens
     from shm.codec import decode
 

@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from orchestrator import checkpoint
+from orchestrator.run import checkpoint
 from tests.integration.lifecycle import (all_gone, descendants, error_lines, run, run_segments, start,
                                          wait_for_step, worker_pids)
 

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from orchestrator import checkpoint
+from orchestrator.run import checkpoint
 from tests.integration.lifecycle import events, run, start, steps
 
 ALWAYS_FAILS = '''

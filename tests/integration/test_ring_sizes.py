@@ -32,7 +32,7 @@ def test_long_context_batch_trains(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     batches = sorted((run_dir / "batches").iterdir())
     assert len(batches) >= 2, batches
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     sizes = [len(read_record(str(b))) for b in batches]    # the record (files are zstd-compressed)
     assert min(sizes) > OLD_BATCH_RING, sizes         # each batch was beyond the old fixed ring
     assert run_segments(proc) == []

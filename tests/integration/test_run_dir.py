@@ -56,7 +56,7 @@ def test_resume_under_an_incompatible_config_exits_2_naming_both_values(tmp_path
 
 def test_refused_roll_back_deletes_nothing_and_a_good_one_only_later_checkpoints(tmp_path):
     # every check of the target checkpoint comes before any deletion
-    from orchestrator import checkpoint
+    from orchestrator.run import checkpoint
     assert run(tmp_path, "run.total_steps=15", "run.checkpoint_every=5",
                "run.keep_checkpoints=null").returncode == 0
     signatures = {s: (p, os.stat(os.path.join(p, "MANIFEST.json")).st_mtime_ns)

@@ -152,7 +152,7 @@ def test_age_statistics_are_over_each_rollouts_head(tmp_path):
     rollout of the batch, recomputed here from the persisted batches; span_max (tail - head) and
     tail_age_max (version - tail) split them into generation that outlived steps and waiting."""
     import numpy as np
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
     out = launch(f"run.dir={tmp_path}", "run.total_steps=15", "inference.sim.latency_s=0.15",
                  "actor.sim.step_time_s=0.01", "rollout.filter_zero_std=false")

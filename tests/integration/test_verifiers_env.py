@@ -203,7 +203,7 @@ def test_end_to_end_a_tool_env_trains(vf_file, tmp_path, model, request):
     out = _launch(tmp_path, "run.total_steps=3", f"task.dataset={tmp_path / 'train.jsonl'}",
                   "task.env=verifiers", env_args, *extra)
     assert out.returncode == 0, out.stderr[-3000:]
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
     lines = steps(tmp_path / "run")
     assert len(lines) == 3

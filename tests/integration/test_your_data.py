@@ -49,7 +49,7 @@ def launch(*args, cwd=ROOT):
 def test_user_model_data_and_reward_end_to_end(hf_model_dir, tmp_path, monkeypatch):
     from orchestrator.config import load_config
     from orchestrator.data.workload import load_prompts
-    from orchestrator.durable import read_record
+    from orchestrator.run.durable import read_record
     from shm.codec import decode
 
     write_jsonl(tmp_path / "train.jsonl", chat_rows(40, 0))

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from orchestrator import checkpoint
+from orchestrator.run import checkpoint
 from orchestrator.envs.base import SCALARS
 from shm.codec import Sequences
 

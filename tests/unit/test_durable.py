@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.durable import HEADER_SIZE, RecordError, atomic_write, read_record, write_record
+from orchestrator.run.durable import HEADER_SIZE, RecordError, atomic_write, read_record, write_record
 from shm.codec import Sequences, decode, encode
 
 

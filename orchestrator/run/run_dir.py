@@ -43,9 +43,9 @@ from typing import Optional
 
 import yaml
 
-from orchestrator import checkpoint
+from orchestrator.run import checkpoint
 from orchestrator.config import Config, trainer_layout
-from orchestrator.durable import atomic_write
+from orchestrator.run.durable import atomic_write
 
 DIRS = ("checkpoints", "batches", "logs")
 FILES = ("config.yaml", "metrics.jsonl", "run.lock")
