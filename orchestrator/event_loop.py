@@ -32,7 +32,7 @@ from orchestrator.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed, WorkerFatal, worker_name
 from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
-from orchestrator.metrics import MetricsLog
+from orchestrator.observe.metrics import MetricsLog
 from orchestrator.prompts import PromptCursor
 from orchestrator.stamp import age_parts, age_summary, sequence_stamps, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink

@@ -73,7 +73,7 @@ def _run(cfg, plan, stop, task) -> int:
 
     from orchestrator.run.durable import disk_full, is_disk_full
     from orchestrator.errors import Interrupted, RunFailed
-    from orchestrator.progress import Progress
+    from orchestrator.observe.progress import Progress
     from orchestrator.supervisor import Supervisor
 
     log_hint = f"{plan.run_dir}/logs"

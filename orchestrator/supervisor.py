@@ -5,7 +5,7 @@
 port and the torch.distributed environment, no torchrun) and the inference workers (spawn start
 method, disjoint devices),
 waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
-the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
+the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
 (workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
 directory (`orchestrator.scratch`: workers' temporary files). A dead inference worker is restarted
 on fresh rings (its prompts re-dispatched by the event loop) or fails the run, per
@@ -50,9 +50,9 @@ from orchestrator.config import Config
 from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
 from orchestrator.event_loop import EventLoop
-from orchestrator.metrics import MetricsLog, MetricsThread
+from orchestrator.observe.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
-from orchestrator.sinks import MetricSinks
+from orchestrator.observe.sinks import MetricSinks
 from orchestrator.signals import SIGNALS
 from orchestrator.worker_base import WorkerSpec
 

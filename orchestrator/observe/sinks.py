@@ -28,7 +28,7 @@ import sys
 import threading
 from typing import Callable, Iterator, Optional
 
-log = logging.getLogger("orchestrator.sinks")
+log = logging.getLogger("orchestrator.observe.sinks")
 
 QUEUE_MAX = 100_000
 PREFIX = {"step": "train", "eval": "eval", "tick": "pipeline"}
