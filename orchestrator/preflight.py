@@ -19,12 +19,15 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
 - records: the largest rollout-group, training-batch and Generate records (channels.ring_sizes)
   are at most channels.MAX_RECORD_BYTES each;
 - shared memory: the weight buffer plus every ring (channels.shm_need) fits the free space of
-  /dev/shm (counting segments of dead runs, which the supervisor sweeps first).
+  /dev/shm (counting segments of dead runs, which the supervisor sweeps first);
+- torch: with a torch backend, the installed torch (its package metadata: torch is not imported)
+  is at least MIN_TORCH, and a CUDA build where a device is configured (`torch_problem`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Optional
 
 from orchestrator.channels import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
@@ -39,6 +42,7 @@ def check_machine(cfg: Config, prompt_tokens: Optional[int] = None) -> None:
     """`prompt_tokens`: the loaded prompt set's longest prompt (needed for task.dataset without
     task.max_prompt_tokens)."""
     _check_devices(cfg)
+    _check_torch(cfg)
     _check_cpus(cfg)
     try:
         sizes = ring_sizes(cfg, prompt_tokens)
@@ -140,6 +144,46 @@ def _check_devices(cfg: Config) -> None:
                                                    f"(indices 0..{n - 1})"
             raise ConfigError(f"invalid config field '{field}': CUDA device {device} does not exist "
                               f"(this machine has {have})")
+
+
+# --------------------------------------------------------------------------------------- torch
+
+# The oldest torch the torch backends are written for. Every torch API they use is older (the
+# newest: FSDP2's public fully_shard and DCP's state_dict helpers, 2.6); CPU tests run 2.13, the GPU
+# image 2.11. A feature that needs a newer torch names itself here, with the field that enables it.
+MIN_TORCH = (2, 11)
+
+
+def torch_problem(version: str, needs_cuda: bool) -> Optional[str]:
+    """What is wrong with torch `version` (a distribution version such as '2.11.0+cu130'), or None."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return None                             # a source build's odd version: let it run
+    if (int(m[1]), int(m[2])) < MIN_TORCH:
+        return f"torch {version} is older than the {MIN_TORCH[0]}.{MIN_TORCH[1]} the torch backends need"
+    if needs_cuda and version.partition("+")[2] == "cpu":
+        return f"torch {version} is a CPU-only build"
+    return None
+
+
+def _check_torch(cfg: Config) -> None:
+    backends = [f"{side}.backend=torch" for side, sec in (("inference", cfg.inference), ("actor", cfg.actor))
+                if sec.backend == "torch"]
+    if not backends:
+        return
+    from importlib import metadata
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return                                  # no metadata (a source tree on PYTHONPATH) or no torch
+    needs_cuda = bool(cfg.inference.devices) or bool(cfg.actor.rank_devices)
+    problem = torch_problem(version, needs_cuda)
+    if problem:
+        fields = " and ".join(backends)
+        if needs_cuda and "CPU-only" in problem:
+            fields = "inference.devices / actor.device(s)"
+        raise ConfigError(f"{problem}: {fields} cannot run here (install torch>="
+                          f"{MIN_TORCH[0]}.{MIN_TORCH[1]}{' with CUDA' if needs_cuda else ''})")
 
 
 # ---------------------------------------------------------------------------------------- CPUs
