@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from orchestrator.stamp import group_head
+from orchestrator.algo.stamp import group_head
 from shm.codec import Sequences
 
 

@@ -34,7 +34,7 @@ from orchestrator.eval_sink import EvalSink
 from orchestrator.gate import StalenessGate
 from orchestrator.observe.metrics import MetricsLog
 from orchestrator.prompts import PromptCursor
-from orchestrator.stamp import age_parts, age_summary, sequence_stamps, stamp, token_ages
+from orchestrator.algo.stamp import age_parts, age_summary, sequence_stamps, stamp, token_ages
 from orchestrator.train_sink import BatchInfo, TrainSink
 from orchestrator.validate import check_rollout
 from orchestrator.watcher import WeightWatcher

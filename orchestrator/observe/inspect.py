@@ -9,7 +9,7 @@ tokens kept (the eos a completion stopped on is shown); nothing is re-encoded. A
 task or backend has no tokenizer: its tokens are printed as ids (so is any run with `--ids`).
 
 Per sample: index in the batch, prompt_id, reward, advantage, completion length, the per-token
-version stamp over loss-masked tokens (`orchestrator.stamp`: head = oldest, tail = newest, runs
+version stamp over loss-masked tokens (`orchestrator.algo.stamp`: head = oldest, tail = newest, runs
 `v x n` in token order; age = batch version - head; "not live" when the versions are -1), which
 completion tokens are loss-masked, the behaviour logprob mean over them, prompt and completion.
 Human output starts with a header (step, policy version, samples, groups = distinct prompts,
@@ -122,7 +122,7 @@ def mask_spans(mask: np.ndarray) -> list[tuple[int, int]]:
 
 def samples(batch, tokenizer=None) -> list[dict]:
     """One dict per sample of the batch (the --jsonl objects)."""
-    from orchestrator.stamp import stamp
+    from orchestrator.algo.stamp import stamp
 
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=False)) if tokenizer else None
     out = []

@@ -1,7 +1,7 @@
 """Per-token version stamps: head, tail, RLE over loss-masked tokens; ages use the head."""
 import numpy as np
 
-from orchestrator.stamp import age_summary, stamp, token_ages
+from orchestrator.algo.stamp import age_summary, stamp, token_ages
 
 
 def test_partial_rollout_spans_versions():
@@ -39,7 +39,7 @@ def test_ages_measured_from_train_version_over_live_tokens():
 
 
 def test_sequence_stamps_agree_with_stamp_on_every_sequence():
-    from orchestrator.stamp import sequence_stamps
+    from orchestrator.algo.stamp import sequence_stamps
     rng = np.random.default_rng(0)
     lens = rng.integers(1, 30, size=400)
     offsets = np.concatenate([[0], np.cumsum(lens)])
