@@ -15,6 +15,7 @@ Modules:
 - correction: `rollout_correction(...)`: TIS / MIS weights at token, sequence or geometric level.
 - loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
   trainer's loss before these recipes.
+- stamp: the per-token policy versions of a trajectory (run-length encoded) and their head age.
 
 May import torch and numpy only; nothing of the runtime, the loop or the run directory. The torch
 modules load on first use of their names, so `from orchestrator.algo import compute_advantages`
