@@ -1,9 +1,9 @@
-"""Names and sizes of every shared-memory object of one run, and typed send/receive over rings.
+"""Names and sizes of every shared-memory object of one run.
 
 The supervisor creates (and later unlinks) everything named here; workers attach by name. All names
-start with `arl_<run_id>_` so the startup sweeper can find segments of dead runs. A doorbell
-semaphore lets the supervisor's event thread sleep while every worker->supervisor ring is empty:
-a worker rings it after each put.
+start with `arl_<run_id>_` so the startup sweeper can find segments of dead runs (`RunNames`).
+Typed send/receive over these rings and the doorbell are `orchestrator.wire`; the token budgets the
+sizes follow are `orchestrator.data.budgets`.
 
 Sizes come from the config, never from guesses: `ring_sizes(cfg) -> RingSizes` bounds the largest
 record each ring carries (a rollout group: rollout.group_size samples, or eval.samples_per_prompt
@@ -18,14 +18,11 @@ run takes, by part (preflight compares it with the free space).
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Optional
 
-import posix_ipc
-
 from orchestrator import messages
+from orchestrator.data.budgets import episode_tokens, max_completion_tokens, max_prompt_tokens
 from shm.segments import PAGE, segment_name, sem_name
 
 # minimum ring capacities (what every ring had before sizes followed the config)
@@ -55,55 +52,6 @@ class RingSizes:
     generate_bytes: int = 0         # largest Generate message
     group_bytes: int = 0            # largest rollout-group record
     batch_bytes: int = 0            # largest training-batch record
-
-
-def max_prompt_tokens(cfg) -> int:
-    """Longest prompt of the configured task, known without loading data: sim, a digit task, or
-    `task.max_prompt_tokens` (ValueError naming the field otherwise: pass the loaded set's)."""
-    if cfg.task.name == "sim":
-        return cfg.inference.sim.prompt_tokens
-    if cfg.task.dataset is not None:
-        if cfg.task.max_prompt_tokens is None:
-            raise ValueError("task.dataset without task.max_prompt_tokens: the longest prompt is "
-                             "known once the dataset is loaded")
-        return cfg.task.max_prompt_tokens
-    from orchestrator.data.digits import max_prompt_tokens as digit_prompt_tokens
-    return digit_prompt_tokens(cfg.task.name)
-
-
-def model_context(cfg) -> int:
-    """The model's context length: model.max_seq_len for the built-in model, else the
-    `max_position_embeddings` of model.path's config.json (ValueError naming it when absent)."""
-    if cfg.model.path is None:
-        return cfg.model.max_seq_len
-    path = os.path.join(cfg.model.path, "config.json")
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"model.path={cfg.model.path}: cannot read config.json ({exc})") from None
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        if isinstance(meta.get(key), int) and meta[key] > 0:
-            return meta[key]
-    raise ValueError(f"model.path={cfg.model.path}: config.json names no context length "
-                     f"(max_position_embeddings); set task.max_episode_tokens")
-
-
-def episode_tokens(cfg) -> Optional[int]:
-    """Tokens one multi-turn episode may hold: task.max_episode_tokens, or the model's context;
-    None for a single-turn task (no `task.env`)."""
-    from orchestrator.config import env_spec
-    if env_spec(cfg) is None:
-        return None
-    return cfg.task.max_episode_tokens or model_context(cfg)
-
-
-def max_completion_tokens(cfg) -> int:
-    """Longest completion: rollout.max_new_tokens; the sim backend emits min(that, its own)."""
-    n = cfg.rollout.max_new_tokens
-    if cfg.inference.backend == "sim":
-        n = min(n, cfg.inference.sim.completion_tokens)
-    return n
 
 
 def ring_sizes(cfg, prompt_tokens: Optional[int] = None) -> RingSizes:
@@ -203,50 +151,3 @@ class RunNames:
         """A worker's liveness word: monotonic milliseconds stamped by its own thread
         (`orchestrator.liveness`)."""
         return self._n(f"lv_{role}{index}g{gen}")
-
-
-class Bell:
-    """Counting semaphore used as a wake-up: post after a put, wait with a timeout."""
-
-    def __init__(self, sem: posix_ipc.Semaphore, owner: bool):
-        self._sem, self._owner, self.name = sem, owner, sem.name
-
-    @classmethod
-    def create(cls, name: str) -> "Bell":
-        return cls(posix_ipc.Semaphore(name, posix_ipc.O_CREX, initial_value=0), True)
-
-    @classmethod
-    def attach(cls, name: str) -> "Bell":
-        return cls(posix_ipc.Semaphore(name), False)
-
-    def ring(self) -> None:
-        self._sem.release()
-
-    def wait(self, timeout: float) -> bool:
-        try:
-            self._sem.acquire(max(0.0, timeout))
-            return True
-        except (posix_ipc.BusyError, posix_ipc.SignalError):   # a signal is a wake-up too
-            return False
-
-    def close(self) -> None:
-        self._sem.close()
-
-    def unlink(self) -> None:
-        try:
-            posix_ipc.unlink_semaphore(self.name)
-        except posix_ipc.ExistentialError:
-            pass
-
-
-def send(ring, msg: messages.Msg, timeout: float = 10.0) -> None:
-    ring.put(messages.encode(msg), timeout=timeout)
-
-
-def recv(ring, timeout: float = 0.0):
-    """Next control message, or None if the ring stays empty for `timeout` seconds."""
-    try:
-        raw = ring.get(timeout=timeout)
-    except TimeoutError:
-        return None
-    return messages.decode(raw)

@@ -19,7 +19,7 @@ from collections import deque
 from typing import Optional
 
 from orchestrator import messages
-from orchestrator.channels import send
+from orchestrator.wire import send
 
 
 class Dispatcher:

@@ -25,7 +25,8 @@ import numpy as np
 from orchestrator import messages
 from orchestrator.run import checkpoint
 from orchestrator.age_bound import AgeBound
-from orchestrator.channels import episode_tokens, recv, send
+from orchestrator.wire import recv, send
+from orchestrator.data.budgets import episode_tokens
 from orchestrator.config import Config
 from orchestrator.run.durable import sync_files, write_record
 from orchestrator.dispatcher import Dispatcher

@@ -23,7 +23,7 @@ import numpy as np
 
 from orchestrator import messages
 from orchestrator.backends.base import GenRequest
-from orchestrator.channels import recv
+from orchestrator.wire import recv
 from orchestrator.config import Config
 from orchestrator.envs.runner import EpisodeRunner
 from orchestrator.errors import ENV_HUNG_EXIT

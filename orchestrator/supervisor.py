@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator import liveness, messages, rank_failures, scratch
-from orchestrator.channels import (REQ_RING_BYTES, Bell, RingSizes, RunNames, recv, ring_sizes, send,
-                                   weight_nbytes)
+from orchestrator.wire import Bell, recv, send
+from orchestrator.channels import REQ_RING_BYTES, RingSizes, RunNames, ring_sizes, weight_nbytes
 from orchestrator.config import Config
 from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name

@@ -28,7 +28,7 @@ from collections import deque
 
 from orchestrator import messages
 from orchestrator.background_save import BackgroundSave
-from orchestrator.channels import recv
+from orchestrator.wire import recv
 from orchestrator.config import Config
 from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
 

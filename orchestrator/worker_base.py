@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from orchestrator import messages
-from orchestrator.channels import Bell, RunNames, send
+from orchestrator.wire import Bell, send
+from orchestrator.channels import RunNames
 from orchestrator.liveness import Stamper
 from orchestrator.signals import SIGNALS, ignore_in_worker
 

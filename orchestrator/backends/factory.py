@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.channels import episode_tokens
+from orchestrator.data.budgets import episode_tokens
 from orchestrator.config import Config, env_spec
 
 

@@ -99,7 +99,7 @@ def context_length(cfg, hf_config, prompt_tokens: int) -> int:
     """`inference.vllm.max_model_len`, else the task's longest prompt + rollout.max_new_tokens (a
     multi-turn task: its episode budget), at most the model's max_position_embeddings (its whole
     context when the prompt length is unknown)."""
-    from orchestrator.channels import episode_tokens
+    from orchestrator.data.budgets import episode_tokens
 
     model_max = int(hf_config.max_position_embeddings)
     if cfg.inference.vllm.max_model_len:

@@ -4,7 +4,7 @@ import secrets
 import pytest
 
 from orchestrator import messages
-from orchestrator.channels import recv
+from orchestrator.wire import recv
 from orchestrator.dispatcher import Dispatcher
 from shm.ring import Ring
 

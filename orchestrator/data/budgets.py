@@ -1,0 +1,62 @@
+"""Token budgets of a workload, known from its config before any data is loaded.
+
+`max_prompt_tokens(cfg)`: the longest prompt (sim, a digit task, or `task.max_prompt_tokens`);
+`max_completion_tokens(cfg)`: the longest completion; `model_context(cfg)`: the model's context
+length (built-in model or model.path's config.json); `episode_tokens(cfg)`: tokens one multi-turn
+episode may hold (None for a single-turn task). Ring sizes, the event loop and the backends read
+these; they import nothing heavy (a JSON read at most).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+
+def max_prompt_tokens(cfg) -> int:
+    """Longest prompt of the configured task, known without loading data: sim, a digit task, or
+    `task.max_prompt_tokens` (ValueError naming the field otherwise: pass the loaded set's)."""
+    if cfg.task.name == "sim":
+        return cfg.inference.sim.prompt_tokens
+    if cfg.task.dataset is not None:
+        if cfg.task.max_prompt_tokens is None:
+            raise ValueError("task.dataset without task.max_prompt_tokens: the longest prompt is "
+                             "known once the dataset is loaded")
+        return cfg.task.max_prompt_tokens
+    from orchestrator.data.digits import max_prompt_tokens as digit_prompt_tokens
+    return digit_prompt_tokens(cfg.task.name)
+
+
+def model_context(cfg) -> int:
+    """The model's context length: model.max_seq_len for the built-in model, else the
+    `max_position_embeddings` of model.path's config.json (ValueError naming it when absent)."""
+    if cfg.model.path is None:
+        return cfg.model.max_seq_len
+    path = os.path.join(cfg.model.path, "config.json")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model.path={cfg.model.path}: cannot read config.json ({exc})") from None
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(meta.get(key), int) and meta[key] > 0:
+            return meta[key]
+    raise ValueError(f"model.path={cfg.model.path}: config.json names no context length "
+                     f"(max_position_embeddings); set task.max_episode_tokens")
+
+
+def episode_tokens(cfg) -> Optional[int]:
+    """Tokens one multi-turn episode may hold: task.max_episode_tokens, or the model's context;
+    None for a single-turn task (no `task.env`)."""
+    from orchestrator.config import env_spec
+    if env_spec(cfg) is None:
+        return None
+    return cfg.task.max_episode_tokens or model_context(cfg)
+
+
+def max_completion_tokens(cfg) -> int:
+    """Longest completion: rollout.max_new_tokens; the sim backend emits min(that, its own)."""
+    n = cfg.rollout.max_new_tokens
+    if cfg.inference.backend == "sim":
+        n = min(n, cfg.inference.sim.completion_tokens)
+    return n
