@@ -3,6 +3,7 @@
     python scripts/bench_pipeline.py [--steps 40] [--latency 0.05] [--step-time 0.05] [--backend sim]
     python scripts/bench_pipeline.py --backend multiturn [--tool-latency 0.05] [--tool-sigma 1.0]
     python scripts/bench_pipeline.py --sigma 1.5 --bound 3       # a long tail, with the hard bound
+    python scripts/bench_pipeline.py --backend torch --json out.json "inference.devices=['0']"
 
 Runs the real supervisor twice per round, alternating: `max_head_offpolicyness=0` (the synchronous
 baseline: generation and training take turns) and `max_head_offpolicyness=S` (asynchronous), with
@@ -22,6 +23,8 @@ admissions with their very latencies and the per-round ratio measures the orches
 `--bound M` adds a third mode, the same S with the hard age bound
 `rollout.max_observed_offpolicyness=M`, and prints its throughput against the gate alone with the
 rollouts it aborted in flight, the finished ones it dropped and the tokens they wasted.
+Trailing `key=value` arguments are config overrides for every run (a GPU: `inference.devices=['0']`);
+`--json OUT` writes each table's medians to OUT (scripts/gpu_check.sh reads it).
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0) -> dict:
         extra = ["eval.every_steps=0", "run.checkpoint_every=0"]
     cmd = [sys.executable, "-m", "orchestrator.launch", "--config", cfg, f"run.dir={run_dir}",
            "run.resume=never", "run.progress=false", f"run.total_steps={args.steps}", f"run.seed={seed}",
-           f"rollout.max_head_offpolicyness={S}", *extra]
+           f"rollout.max_head_offpolicyness={S}", *extra, *args.overrides]
     if bound is not None:
         cmd.append(f"rollout.max_observed_offpolicyness={bound}")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -81,8 +84,9 @@ def ideal(S: int, args, sigma) -> list[float]:
                      args.step_time, args.steps, seed=k).steps_per_s() for k in range(args.rounds)]
 
 
-def block(args, sigma) -> None:
-    """Every mode, interleaved over rounds, on one workload; prints its table and ratios."""
+def block(args, sigma) -> dict:
+    """Every mode, interleaved over rounds, on one workload; prints its table and ratios, returns
+    their medians."""
     args = argparse.Namespace(**{**vars(args), "sigma": sigma})
     S = args.staleness
     modes = {"sync": (0, None), "async": (S, None)}
@@ -120,6 +124,11 @@ def block(args, sigma) -> None:
     if "bound" in res:
         b = med(res["bound"], "steps_per_s") / med(res["async"], "steps_per_s")
         print(f"bound / gate alone throughput: {b:.2f}x (median of {args.rounds} rounds)")
+    return {"backend": args.backend, "sigma": sigma, "steps": args.steps, "rounds": args.rounds,
+            "staleness": S, "overrides": list(args.overrides), "async_over_sync": ratio,
+            **{f"{m}_{k}": med(xs, k) for m, xs in res.items()
+               for k in ("steps_per_s", "trainer_busy", "age_mean")},
+            **{f"{m}_age_max": max(x["age_max"] for x in xs) for m, xs in res.items()}}
 
 
 def main(argv=None) -> int:
@@ -135,9 +144,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sigma", default=None, help="sim: lognormal rollout latency sigma; a comma "
                     "list (0.5,1.0,1.5) runs one table per value")
     ap.add_argument("--bound", type=int, default=None, help="also run the hard age bound M")
+    ap.add_argument("--json", default=None, metavar="OUT", help="write every table's medians to OUT")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
     args = ap.parse_args(argv)
-    for sigma in ([float(x) for x in args.sigma.split(",")] if args.sigma else [None]):
-        block(args, sigma)
+    tables = [block(args, sigma) for sigma in ([float(x) for x in args.sigma.split(",")] if args.sigma
+                                                else [None])]
+    if args.json:
+        Path(args.json).write_text(json.dumps(tables, indent=1))
     return 0
 
 

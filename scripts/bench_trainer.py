@@ -11,12 +11,14 @@ a real `shm.weights.WeightBuffer` (`trainer_worker.publish_together`), against a
 bytes on rank 0 (the baseline). The table prints medians with the spread (min-max) over rounds:
 tokens/s, tokens/s per rank, the ratio to 1 rank with the same split, the ratio to the same ranks
 with one pass per rank (micro-batch overhead) and to padded passes (packing), publish / memcpy.
-On a GPU it also prints model FLOPs utilisation (6 x parameters x tokens / time / peak).
+On a GPU it also prints model FLOPs utilisation (6 x parameters x tokens / time / peak dense bf16,
+per rank); the model computes in bfloat16 there. `--json OUT` writes every row to OUT.
 CPU ranks each get `--threads` intra-op threads, so N ranks use N x threads cores.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -145,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=1024, help="micro_batch_tokens of the split cases")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per CPU rank")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--json", default=None, metavar="OUT", help="write every row to OUT")
     args = ap.parse_args(argv)
     cases = {"one pass": {"budget": None, "packed": False},
              f"micro {args.budget}": {"budget": args.budget, "packed": False},
@@ -160,6 +163,7 @@ def main(argv=None) -> int:
           f"{'vs 1 rank':>9s} {'vs 1 pass':>9s} {'vs padded':>9s} {'publish/memcpy':>15s}"
           + (f" {'MFU':>6s}" if peak else ""))
     base: dict = {}
+    rows = []
     with tempfile.TemporaryDirectory(prefix="arl-bench-trainer-") as tmp:
         for world in (int(x) for x in args.ranks.split(",")):
             for label, case in cases.items():
@@ -176,9 +180,18 @@ def main(argv=None) -> int:
                 if label.startswith("micro"):
                     base[(world, label)] = tps
                 vs_pad = f"{tps / padded:9.2f}" if label.startswith("packed") and padded else f"{'-':>9s}"
-                mfu = f" {6 * res[0, 3] * tps / peak:6.1%}" if peak else ""
+                mfu = f" {6 * res[0, 3] * tps / world / peak:6.1%}" if peak else ""
+                rows.append({"ranks": world, "split": label, "tokens_per_s": tps, "min": lo, "max": hi,
+                             "params": int(res[0, 3]), "publish_over_memcpy": pub,
+                             "mfu": 6 * res[0, 3] * tps / world / peak if peak else None})
                 print(f"{world:5d} {label:>12s} {tps:9.0f} {f'({lo:.0f}-{hi:.0f})':>17s} "
                       f"{tps / world:9.0f} {one} {tps / first:9.2f} {vs_pad} {pub:15.2f}{mfu}")
+    if args.json:
+        meta = {"device": args.device, "device_name": name if args.device == "cuda" else "cpu",
+                "peak_bf16": peak, "dtype": "bfloat16" if args.device == "cuda" else "float32",
+                "hidden": args.hidden, "layers": args.layers, "seqs": args.seqs,
+                "mean_len": args.mean_len, "steps": args.steps, "rounds": args.rounds}
+        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The CPU weight path against one memcpy of the same bytes, measured in the same run.
 
     python scripts/bench_weights.py [--sizes-mb 100,1024,4096] [--rounds 3] [--skip-create]
+    python scripts/bench_weights.py --sizes-mb '' --cuda-params 1.5e9 [--json OUT]    # a GPU
 
 Two tables, each with medians, the spread (min-max) over rounds and the ratio to a copy of N bytes
 between two preallocated numpy arrays (pages touched; the baseline, timed in the same round):
@@ -22,10 +23,20 @@ pages where the kernel gives them) and `memcpy4K`, the same copy from a source o
 (the script prints that setting). Reading from 4 KiB pages costs about 3x on a VM with nested paging
 (seen here), whatever copies: that is the floor of a hand-off through /dev/shm. Ratios are printed
 against both.
+
+`--cuda-params N`: the GPU path, CUDA IPC within one device, for a random bf16 model of N
+parameters (2N bytes; 1.5e9: a 1.5B model). The trainer side publishes through
+`shm.cuda_ipc.CudaIpcPublisher` (a fresh random fill each round, buffers released once the reader
+acknowledged, as the trainer worker does); a reader in another (spawned) process opens the blob with
+`open_blob` and copies it into its own weights, as the torch inference backend does on reload. The
+figure is the reader's stall, open -> copied and synchronised (ms per reload, GB/s), against a
+device-to-device copy of the same bytes in one process (`copy_`, the floor). `--json OUT` writes
+every figure to OUT (scripts/gpu_check.sh reads it).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import multiprocessing as mp
 import os
@@ -119,12 +130,89 @@ def handoff(n: int, rounds: int, src: np.ndarray, bases) -> tuple[list, list, li
     return streamed, reload, copy, copy4k
 
 
+def cuda_reader(nbytes: int, conn) -> None:
+    import torch
+    from shm.cuda_ipc import open_blob
+    weights = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0")    # the reader's own weights
+    torch.cuda.synchronize()
+    conn.send("ready")
+    while (blob := conn.recv()) is not None:
+        t0 = now()
+        version, src = open_blob(blob, 0)
+        weights.copy_(src)
+        torch.cuda.synchronize()
+        t1 = now()
+        del src
+        conn.send((version, t0, t1, int(weights[-1])))
+
+
+def cuda_handoff(params: float, rounds: int) -> dict:
+    """CUDA IPC reload of 2 x params bytes (bf16) against a device-to-device copy of the same bytes."""
+    import torch
+    from shm.cuda_ipc import CudaIpcPublisher
+    n = int(params) * 2
+    gen = torch.Generator(device="cuda:0").manual_seed(0)
+    model = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0", generator=gen)
+    dst = torch.empty_like(model)
+    pub = CudaIpcPublisher("cuda:0")
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=cuda_reader, args=(n, theirs), daemon=True)
+    proc.start()
+    publish, reload, d2d = [], [], []
+    try:
+        if not ours.poll(300):
+            raise SystemExit("bench_weights: the CUDA reader did not start within 300 s")
+        assert ours.recv() == "ready"
+        for version in range(1, rounds + 2):                 # version 1: warm-up (handle mapping)
+            model.add_(1)                                    # the trainer's step changed the weights
+            t0 = now()
+            blob = pub.publish(version, n, lambda buf: buf.copy_(model))
+            t_pub = now() - t0
+            ours.send(blob)
+            if not ours.poll(300):
+                raise SystemExit(f"bench_weights: no reload of version {version} within 300 s")
+            got, r0, r1, last = ours.recv()
+            assert got == version and last == int(model[-1]), "the reader got other bytes"
+            pub.release_below(version)
+            torch.cuda.synchronize()
+            t0 = now()
+            dst.copy_(model)
+            torch.cuda.synchronize()
+            if version > 1:
+                publish.append(t_pub)
+                reload.append(r1 - r0)
+                d2d.append(now() - t0)
+        ours.send(None)
+        proc.join(timeout=60)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    med = statistics.median
+    return {"params": int(params), "bytes": n, "rounds": rounds, "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "reload_ms": med(reload) * 1e3,
+            "reload_ms_min_max": [min(reload) * 1e3, max(reload) * 1e3],
+            "reload_gb_s": n / med(reload) / 1e9, "publish_ms": med(publish) * 1e3,
+            "d2d_ms": med(d2d) * 1e3, "d2d_gb_s": n / med(d2d) / 1e9,
+            "reload_over_d2d": med([r / d for r, d in zip(reload, d2d)])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes-mb", default="100,1024,4096")
+    ap.add_argument("--sizes-mb", default="100,1024,4096", help="CPU hand-off sizes ('' for none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-create", action="store_true")
+    ap.add_argument("--cuda-params", type=float, default=None, metavar="N",
+                    help="also the CUDA IPC reload of a random bf16 model of N parameters")
+    ap.add_argument("--json", default=None, metavar="OUT", help="write every figure to OUT")
     args = ap.parse_args(argv)
+    if args.cuda_params is not None:
+        import torch
+        if not torch.cuda.is_available():
+            print(f"bench_weights: --cuda-params needs a CUDA device; torch {torch.__version__} sees none",
+                  file=sys.stderr)
+            return 2
+    report: dict = {"cpu": []}
     try:
         shmem = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled").read_text().strip()
     except OSError:
@@ -132,7 +220,7 @@ def main(argv=None) -> int:
     print(f"/dev/shm huge pages (shmem_enabled): {shmem}")
     cols = f"{'memcpy s':>9s} {'(min-max)':>15s} {'ratio':>7s} {'(min-max)':>13s}"
     print(f"{'':>16s} {'s':>9s} {'(min-max)':>15s} {cols} {cols.replace('memcpy s', 'memcpy4K')}")
-    for mb in (int(x) for x in args.sizes_mb.split(",")):
+    for mb in (int(x) for x in args.sizes_mb.split(",") if x.strip()):
         n = mb << 20
         src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)
         src4k = source_4k(n)
@@ -151,7 +239,20 @@ def main(argv=None) -> int:
         streamed, reload, copy, copy4k = handoff(n, args.rounds, src, bases)
         print(row(f"{mb}MB streamed", streamed, copy, copy4k))
         print(row(f"{mb}MB reload", reload, copy, copy4k))
+        med = statistics.median
+        report["cpu"].append({"mb": mb, "streamed_s": med(streamed), "reload_s": med(reload),
+                              "memcpy_s": med(copy), "memcpy4k_s": med(copy4k)})
         del src, dst, src4k, bases
+    if args.cuda_params is not None:
+        c = cuda_handoff(args.cuda_params, args.rounds)
+        report["cuda_ipc"] = c
+        print(f"CUDA IPC reload, {c['params'] / 1e9:.2f}B bf16 parameters ({c['bytes'] / 1e9:.2f} GB) on "
+              f"{c['device']}: {c['reload_ms']:.1f} ms ({c['reload_gb_s']:.0f} GB/s; "
+              f"{c['reload_ms_min_max'][0]:.1f}-{c['reload_ms_min_max'][1]:.1f} ms) vs a device-to-device "
+              f"copy {c['d2d_ms']:.1f} ms ({c['d2d_gb_s']:.0f} GB/s): {c['reload_over_d2d']:.2f}x; "
+              f"publish {c['publish_ms']:.1f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
 
 
