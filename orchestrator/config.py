@@ -11,7 +11,7 @@ strictly, never coerced across bool/int/float/str: an int field takes only an in
 `2.0`), a float field an int or a float, a str field only a string, a bool field only true/false.
 Floats must be finite (no .inf/.nan). Every count, size and timeout has an upper bound whose reason
 is in its description. Device fields take CUDA indices ('0', or a YAML int 0). Checks that need the
-machine (devices present, CPUs, free /dev/shm) live in `orchestrator.preflight`.
+machine (devices present, CPUs, free /dev/shm) live in `orchestrator.runtime.preflight`.
 """
 from __future__ import annotations
 

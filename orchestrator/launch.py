@@ -10,7 +10,7 @@ the spawn start method.
 from __future__ import annotations
 
 if __name__ == "__main__":         # catch SIGINT/SIGTERM before anything else is imported
-    from orchestrator.signals import StopSignals
+    from orchestrator.runtime.signals import StopSignals
     _EARLY = StopSignals().install()
 
 import argparse  # noqa: E402
@@ -27,7 +27,7 @@ def _parse(argv):
 
 
 def main(argv=None, stop=None) -> int:
-    from orchestrator.signals import StopSignals
+    from orchestrator.runtime.signals import StopSignals
     stop = stop or StopSignals().install()
     try:
         return _main(argv, stop)
@@ -39,7 +39,7 @@ def _main(argv, stop) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     from orchestrator.config import ConfigError, load_config
     from orchestrator.data.tokens import DataError
-    from orchestrator.preflight import check_machine
+    from orchestrator.runtime.preflight import check_machine
     from orchestrator.prompts import build_task
     from orchestrator.run.durable import disk_full, is_disk_full
     from orchestrator.run.run_dir import RunDirError, prepare_run_dir
@@ -74,7 +74,7 @@ def _run(cfg, plan, stop, task) -> int:
     from orchestrator.run.durable import disk_full, is_disk_full
     from orchestrator.errors import Interrupted, RunFailed
     from orchestrator.observe.progress import Progress
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.runtime.supervisor import Supervisor
 
     log_hint = f"{plan.run_dir}/logs"
     logging.raiseExceptions = False      # a full disk must not dump logging tracebacks on stderr

@@ -53,8 +53,8 @@ def _batch(seed: int, n: int, mean_len: int, vocab: int):
 def _rank(rank, world, port, args, case, wname, out):
     import torch
     from orchestrator.backends.sharding import RankGroup
-    from orchestrator.rank_failures import rendezvous_env
-    from orchestrator.trainer_worker import publish_together
+    from orchestrator.runtime.rank_failures import rendezvous_env
+    from orchestrator.runtime.trainer_worker import publish_together
     from orchestrator.backends.torch_trainer import TorchTrainer
     from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
     from shm.weights import WeightBuffer
@@ -110,7 +110,7 @@ def _rank(rank, world, port, args, case, wname, out):
 
 def run_case(args, world: int, case: dict, tmp: str):
     import torch.multiprocessing as mp
-    from orchestrator.rank_failures import free_port
+    from orchestrator.runtime.rank_failures import free_port
     from orchestrator.config import ModelConfig
     from orchestrator.model import build_tokenizer, flat_layout, build_model
     from shm.weights import WeightBuffer

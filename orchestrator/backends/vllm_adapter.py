@@ -62,7 +62,7 @@ def _die_with_the_inference_worker() -> None:
     ends the ranks a few seconds later; this one is immediate and covers the whole lifetime."""
     parent = os.environ.get(RANK_PARENT_ENV)
     if parent and int(parent) != os.getpid():
-        from orchestrator.worker_base import die_with_parent
+        from orchestrator.runtime.worker_base import die_with_parent
         die_with_parent(int(parent))
 
 

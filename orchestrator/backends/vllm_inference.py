@@ -67,7 +67,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from orchestrator import scratch
+from orchestrator.runtime import scratch
 from orchestrator.backends import vllm_adapter
 from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.backends.torch_inference import (KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences,

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
-from orchestrator.rank_failures import free_port, rendezvous_env
+from orchestrator.runtime.rank_failures import free_port, rendezvous_env
 from tests.hf_model import build_hf_model_dir
 
 

@@ -13,5 +13,5 @@ def test_sim_run_imports_no_torch(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     modules = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines()
                if line.startswith("import time:") and "|" in line}
-    assert "orchestrator.trainer_worker" in modules and "orchestrator.inference_worker" in modules
+    assert "orchestrator.runtime.trainer_worker" in modules and "orchestrator.runtime.inference_worker" in modules
     assert not {"torch", "transformers"} & modules, sorted({"torch", "transformers"} & modules)

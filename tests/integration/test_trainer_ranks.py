@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
 from orchestrator.model import load_flat
-from orchestrator.rank_failures import free_port, rendezvous_env
+from orchestrator.runtime.rank_failures import free_port, rendezvous_env
 from shm.codec import Sequences
 
 MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, max_seq_len=64)

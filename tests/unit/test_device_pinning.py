@@ -2,9 +2,9 @@
 each inference worker also sees the trainer's GPU as its last ordinal; overlap is a config error."""
 import pytest
 
-from orchestrator.channels import RunNames
+from orchestrator.runtime.resources import RunNames
 from orchestrator.config import ConfigError, load_config
-from orchestrator.supervisor import Resources, Supervisor
+from orchestrator.runtime.supervisor import Resources, Supervisor
 
 
 def specs(overrides):
@@ -26,7 +26,7 @@ def test_gpu_run_gives_disjoint_devices_plus_trainer_gpu_for_ipc():
     assert cfg.gpu_weights
     assert [s.devices for s in inf] == [("0", "2"), ("1", "2")]
     assert tr.devices == ("2",)
-    from orchestrator.channels import weight_nbytes
+    from orchestrator.runtime.resources import weight_nbytes
     assert weight_nbytes(cfg) == 1 << 16            # the CPU buffer carries IPC handles only
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import messages, preflight
+from orchestrator import messages
+from orchestrator.runtime import preflight
 from orchestrator.backends.base import GenRequest
 from orchestrator.backends.sim_inference import SimInference
-from orchestrator.channels import (BATCH_RING_BYTES, CTL_RING_BYTES, OUT_RING_BYTES, REQ_RING_BYTES,
+from orchestrator.runtime.resources import (BATCH_RING_BYTES, CTL_RING_BYTES, OUT_RING_BYTES, REQ_RING_BYTES,
                                    RingSizes, ring_sizes, shm_need, weight_nbytes)
 from orchestrator.config import ConfigError, load_config
 from shm import codec
@@ -152,7 +153,7 @@ def test_preflight_cpus(monkeypatch):
 
 def test_preflight_imports_no_torch_without_a_device():
     code = ("import sys; from orchestrator.config import load_config; "
-            "from orchestrator.preflight import check_machine; "
+            "from orchestrator.runtime.preflight import check_machine; "
             "check_machine(load_config('configs/sim.yaml')); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

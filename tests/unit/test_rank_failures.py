@@ -1,8 +1,8 @@
 """How the run names the cause when trainer ranks fail together."""
 import os
 
-from orchestrator.liveness import Overdue
-from orchestrator.rank_failures import cause, collective_error, free_port, hang_message, proc_state
+from orchestrator.runtime.liveness import Overdue
+from orchestrator.runtime.rank_failures import cause, collective_error, free_port, hang_message, proc_state
 
 GLOO = ("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:421")
 

@@ -1,10 +1,10 @@
-"""The per-run scratch directory (orchestrator.scratch): created under the temp dir, removed with
+"""The per-run scratch directory (orchestrator.runtime.scratch): created under the temp dir, removed with
 everything in it, and swept at the next launch when its supervisor died (a real dead pid)."""
 import os
 import subprocess
 import sys
 
-from orchestrator import scratch
+from orchestrator.runtime import scratch
 
 
 def test_create_remove_and_sweep_of_dead_supervisors():

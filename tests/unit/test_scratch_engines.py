@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from orchestrator import scratch
+from orchestrator.runtime import scratch
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(scratch.SHM_DIR), reason="no /dev/shm")
 

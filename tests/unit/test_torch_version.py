@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from orchestrator import preflight
+from orchestrator.runtime import preflight
 from orchestrator.config import ConfigError, load_config
 
 
@@ -34,7 +34,7 @@ def test_the_installed_torch_passes_on_cpu_and_a_cpu_build_is_named_for_a_device
 
 
 def test_the_check_imports_no_torch():
-    code = ("import sys; from orchestrator import preflight; from orchestrator.config import load_config; "
+    code = ("import sys; from orchestrator.runtime import preflight; from orchestrator.config import load_config; "
             "preflight._check_torch(load_config(None)); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

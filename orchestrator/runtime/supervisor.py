@@ -7,7 +7,7 @@ method, disjoint devices),
 waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
 the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
 (workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
-directory (`orchestrator.scratch`: workers' temporary files). A dead inference worker is restarted
+directory (`orchestrator.runtime.scratch`: workers' temporary files). A dead inference worker is restarted
 on fresh rings (its prompts re-dispatched by the event loop) or fails the run, per
 `inference.on_worker_death`; a dead trainer fails the run. SIGINT/SIGTERM stop admission and open a
 drain window (half of `run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a
@@ -16,7 +16,7 @@ checkpoint is taken); then workers are told to shut down and killed, all within
 Processes are only ever spawned from the main thread (PR_SET_PDEATHSIG is tied to the spawning
 thread). Every wait has a timeout.
 
-Liveness (`orchestrator.liveness`): every worker stamps its progress word (monotonic ms) on each
+Liveness (`orchestrator.runtime.liveness`): every worker stamps its progress word (monotonic ms) on each
 main-loop turn and its liveness word from a thread of its own; a ready worker whose progress is
 older than its role's `heartbeat_timeout_s` (a step that never ends) or whose liveness is older than
 its role's `liveness_timeout_s` (SIGSTOP: the whole process frozen, noticed within seconds however
@@ -25,7 +25,7 @@ re-dispatched, restart), a hung trainer fails the run naming it (exit 1, last ch
 Trainer ranks fail together (a rank's death breaks the others' collectives): the run names the
 cause (`_ranks_failed`, `_ranks_hung`) and every rank is killed, so none is left waiting on a
 collective. Signals come through
-`orchestrator.signals.StopSignals` (installed by launch before anything else): a signal during
+`orchestrator.runtime.signals.StopSignals` (installed by launch before anything else): a signal during
 startup or resume recovery stops at the next check with exit 128+signal; workers ignore SIGINT and
 SIGTERM, so one sent to the whole process group drains like one sent to the supervisor.
 """
@@ -43,9 +43,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator import liveness, messages, rank_failures, scratch
+from orchestrator import messages
+from orchestrator.runtime import liveness, rank_failures, scratch
 from orchestrator.wire import Bell, recv, send
-from orchestrator.channels import REQ_RING_BYTES, RingSizes, RunNames, ring_sizes, weight_nbytes
+from orchestrator.runtime.resources import REQ_RING_BYTES, RingSizes, RunNames, ring_sizes, weight_nbytes
 from orchestrator.config import Config
 from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
@@ -53,10 +54,10 @@ from orchestrator.event_loop import EventLoop
 from orchestrator.observe.metrics import MetricsLog, MetricsThread
 from orchestrator.prompts import PromptCursor, build_task
 from orchestrator.observe.sinks import MetricSinks
-from orchestrator.signals import SIGNALS
-from orchestrator.worker_base import WorkerSpec
+from orchestrator.runtime.signals import SIGNALS
+from orchestrator.runtime.worker_base import WorkerSpec
 
-log = logging.getLogger("orchestrator.supervisor")
+log = logging.getLogger("orchestrator.runtime.supervisor")
 SINKS_CLOSE_S = 10.0        # at most this long (and never past the shutdown deadline) to flush sinks
 
 
@@ -76,7 +77,7 @@ class Resources:
     heartbeats: dict = field(default_factory=dict)   # (role, index) -> progress SharedCounter
     liveness: dict = field(default_factory=dict)     # (role, index) -> liveness SharedCounter
     owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
-    sizes: RingSizes = field(default_factory=RingSizes)   # ring capacities (channels.ring_sizes)
+    sizes: RingSizes = field(default_factory=RingSizes)   # ring capacities (resources.ring_sizes)
 
     def own(self, obj):
         self.owned.append(obj)
@@ -139,7 +140,7 @@ class Supervisor:
     def __init__(self, cfg: Config, run_dir: str, start_step: int = 0,
                  cursor_state: Optional[dict] = None, checkpoint: Optional[str] = None,
                  checkpoint_state: Optional[dict] = None, stop=None, on_metrics=None, task=None):
-        from orchestrator.signals import StopSignals
+        from orchestrator.runtime.signals import StopSignals
         self.cfg = cfg
         self.run_dir = run_dir
         self.start_step = start_step
@@ -157,7 +158,7 @@ class Supervisor:
         self._hung: dict[tuple[str, int], liveness.Overdue] = {}   # killed for silence: key -> why
         self._rank_hang = ""          # trainer ranks killed for silence: what the run reports
         self._respawn: "queue.Queue[WorkerSpec]" = queue.Queue()
-        self.scratch = ""             # per-run temporary directory (orchestrator.scratch)
+        self.scratch = ""             # per-run temporary directory (orchestrator.runtime.scratch)
         self.prompt_tokens = 0        # longest prompt of the task (workers size contexts by it)
         self.rendezvous_port = 0      # trainer ranks' process group (free_port, once per launch)
 
@@ -183,7 +184,7 @@ class Supervisor:
                           env={scratch.ENV: self.scratch})
 
     def _start(self, spec: WorkerSpec) -> None:
-        from orchestrator import inference_worker, trainer_worker
+        from orchestrator.runtime import inference_worker, trainer_worker
         assert threading.current_thread() is threading.main_thread()
         target = trainer_worker.main if spec.role == "trainer" else inference_worker.main
         p = mp.get_context("spawn").Process(target=target, args=(spec,), daemon=False,

@@ -27,7 +27,7 @@ from orchestrator.wire import recv
 from orchestrator.config import Config
 from orchestrator.envs.runner import EpisodeRunner
 from orchestrator.errors import ENV_HUNG_EXIT
-from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
+from orchestrator.runtime.worker_base import WorkerContext, WorkerSpec, worker_entry
 
 IDLE_WAIT_S = 0.05
 PUT_TIMEOUT_S = 60.0

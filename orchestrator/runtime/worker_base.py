@@ -3,7 +3,7 @@
 `worker_entry(spec, main)` is the spawn target: it dies with the supervisor (PR_SET_PDEATHSIG plus a
 parent-pid watch), pins its devices (CUDA_VISIBLE_DEVICES before any torch import) or CPU threads,
 logs to `run.dir/logs/<role><index>.log`, attaches its control ring and heartbeat word, starts its
-liveness thread (`orchestrator.liveness.Stamper`: a word stamped whatever the main loop does, so a
+liveness thread (`orchestrator.runtime.liveness.Stamper`: a word stamped whatever the main loop does, so a
 stopped process is told from a slow step), runs `main(spec, ctx)`, and on any exception sends a `Fatal` message with the traceback before exiting 1.
 Workers ignore SIGINT and SIGTERM (the supervisor stops them: Shutdown, then SIGKILL). Every main
 loop calls `ctx.check_parent()` once per turn, which also stamps the heartbeat (monotonic ms) that
@@ -25,9 +25,9 @@ from typing import Callable
 
 from orchestrator import messages
 from orchestrator.wire import Bell, send
-from orchestrator.channels import RunNames
-from orchestrator.liveness import Stamper
-from orchestrator.signals import SIGNALS, ignore_in_worker
+from orchestrator.runtime.resources import RunNames
+from orchestrator.runtime.liveness import Stamper
+from orchestrator.runtime.signals import SIGNALS, ignore_in_worker
 
 PR_SET_PDEATHSIG = 1
 

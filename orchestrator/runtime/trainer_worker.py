@@ -27,10 +27,10 @@ import time
 from collections import deque
 
 from orchestrator import messages
-from orchestrator.background_save import BackgroundSave
+from orchestrator.runtime.background_save import BackgroundSave
 from orchestrator.wire import recv
 from orchestrator.config import Config
-from orchestrator.worker_base import WorkerContext, WorkerSpec, worker_entry
+from orchestrator.runtime.worker_base import WorkerContext, WorkerSpec, worker_entry
 
 BATCH_WAIT_S = 0.05
 TICK, BATCH, CONTROL, SHUTDOWN = 0, 1, 2, 3

@@ -149,5 +149,5 @@ class RunNames:
 
     def liveness(self, role: str, index: int, gen: int = 0) -> str:
         """A worker's liveness word: monotonic milliseconds stamped by its own thread
-        (`orchestrator.liveness`)."""
+        (`orchestrator.runtime.liveness`)."""
         return self._n(f"lv_{role}{index}g{gen}")

