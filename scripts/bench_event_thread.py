@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.run.durable import write_record  # noqa: E402
 from orchestrator.algo.stamp import age_summary, sequence_stamps, token_ages  # noqa: E402
-from orchestrator.train_sink import TrainSink  # noqa: E402
+from orchestrator.loop.train_sink import TrainSink  # noqa: E402
 from shm.codec import Sequences, encode  # noqa: E402
 
 

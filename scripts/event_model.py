@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.backends.sim_inference import rollout_latency  # noqa: E402
 from orchestrator.config import SimInferenceConfig  # noqa: E402
-from orchestrator.gate import StalenessGate  # noqa: E402
+from orchestrator.loop.gate import StalenessGate  # noqa: E402
 
 
 @dataclass

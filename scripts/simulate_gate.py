@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from orchestrator.gate import StalenessGate  # noqa: E402
+from orchestrator.loop.gate import StalenessGate  # noqa: E402
 
 
 def run(max_staleness, steps=60, batch=8, concurrent=64, latency=(3, 3),

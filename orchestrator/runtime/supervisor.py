@@ -50,9 +50,9 @@ from orchestrator.runtime.resources import REQ_RING_BYTES, RingSizes, RunNames, 
 from orchestrator.config import Config
 from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
-from orchestrator.event_loop import EventLoop
+from orchestrator.loop.event_loop import EventLoop
 from orchestrator.observe.metrics import MetricsLog, MetricsThread
-from orchestrator.prompts import PromptCursor, build_task
+from orchestrator.loop.prompts import PromptCursor, build_task
 from orchestrator.observe.sinks import MetricSinks
 from orchestrator.runtime.signals import SIGNALS
 from orchestrator.runtime.worker_base import WorkerSpec

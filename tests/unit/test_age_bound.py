@@ -2,7 +2,7 @@
 finished groups too old for a batch, late results of aborted requests."""
 import numpy as np
 
-from orchestrator.age_bound import AgeBound
+from orchestrator.loop.age_bound import AgeBound
 from shm.codec import Sequences
 
 

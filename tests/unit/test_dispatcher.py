@@ -5,7 +5,7 @@ import pytest
 
 from orchestrator import messages
 from orchestrator.wire import recv
-from orchestrator.dispatcher import Dispatcher
+from orchestrator.loop.dispatcher import Dispatcher
 from shm.ring import Ring
 
 

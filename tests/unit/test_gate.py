@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from orchestrator.gate import StalenessGate
+from orchestrator.loop.gate import StalenessGate
 
 
 def make(S=2, B=8, C=64, v=0):

@@ -105,7 +105,7 @@ def test_every_epoch_is_a_full_permutation_across_the_wrap(tmp_path, rows, num_t
 def test_a_resume_at_any_cursor_continues_the_same_stream(tmp_path):
     """A resumed run builds a fresh prompt set and a cursor from the checkpoint (next index, redo
     list): it deals exactly the (prompt id, tokens, row) the uninterrupted run would have."""
-    from orchestrator.prompts import PromptCursor
+    from orchestrator.loop.prompts import PromptCursor
 
     cfg = workload_config(dataset=_numbered(tmp_path, 7), reward="exact_match", num_train_prompts=10)
     whole = PromptCursor(prompts_and_reward(cfg)[0])

@@ -1,7 +1,7 @@
 """Train sink: GRPO advantages, zero-std filtering, batches of B groups in completion order."""
 import numpy as np
 
-from orchestrator.train_sink import TrainSink
+from orchestrator.loop.train_sink import TrainSink
 from shm.codec import Sequences, decode, encode
 
 

@@ -3,7 +3,7 @@ trained: it takes no part in its group's advantage baseline, gets advantage 0 an
 trainable, yet its group stays in the batch, so its prompt is consumed exactly once."""
 import numpy as np
 
-from orchestrator.train_sink import TrainSink
+from orchestrator.loop.train_sink import TrainSink
 from tests.unit.test_train_sink import group, roundtrip
 
 

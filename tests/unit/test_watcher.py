@@ -1,7 +1,7 @@
 """Weight watcher: publish -> reload on every live worker -> version bump; stalls raise."""
 import pytest
 
-from orchestrator.watcher import WeightSyncStall, WeightWatcher
+from orchestrator.loop.watcher import WeightSyncStall, WeightWatcher
 
 
 class Counter:

@@ -24,24 +24,24 @@ import numpy as np
 
 from orchestrator import messages
 from orchestrator.run import checkpoint
-from orchestrator.age_bound import AgeBound
+from orchestrator.loop.age_bound import AgeBound
 from orchestrator.wire import recv, send
 from orchestrator.data.budgets import episode_tokens
 from orchestrator.config import Config
 from orchestrator.run.durable import sync_files, write_record
-from orchestrator.dispatcher import Dispatcher
+from orchestrator.loop.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed, WorkerFatal, worker_name
-from orchestrator.eval_sink import EvalSink
-from orchestrator.gate import StalenessGate
+from orchestrator.loop.eval_sink import EvalSink
+from orchestrator.loop.gate import StalenessGate
 from orchestrator.observe.metrics import MetricsLog
-from orchestrator.prompts import PromptCursor
+from orchestrator.loop.prompts import PromptCursor
 from orchestrator.algo.stamp import age_parts, age_summary, sequence_stamps, stamp, token_ages
-from orchestrator.train_sink import BatchInfo, TrainSink
-from orchestrator.validate import check_rollout
-from orchestrator.watcher import WeightWatcher
+from orchestrator.loop.train_sink import BatchInfo, TrainSink
+from orchestrator.loop.validate import check_rollout
+from orchestrator.loop.watcher import WeightWatcher
 from shm.codec import decode, encode
 
-log = logging.getLogger("orchestrator.event_loop")
+log = logging.getLogger("orchestrator.loop.event_loop")
 IDLE_WAIT_S = 0.05
 MISMATCH = ("logprob_diff_mean", "logprob_diff_max")    # trainer stats promoted to the step line
 
@@ -300,7 +300,7 @@ class EventLoop:
     def _enforce_bound(self) -> None:
         """The next batch trains at version `built`: abort the rollouts in flight that can no longer
         meet the hard bound and drop finished ones that would be trained too old; their prompts
-        are admitted again (orchestrator.age_bound)."""
+        are admitted again (orchestrator.loop.age_bound)."""
         version = self.built
         for rid in self.bound.doomed(version):
             entry = self.dispatcher.cancel(rid)
