@@ -112,7 +112,7 @@ def run_case(args, world: int, case: dict, tmp: str):
     import torch.multiprocessing as mp
     from orchestrator.runtime.rank_failures import free_port
     from orchestrator.config import ModelConfig
-    from orchestrator.model import build_tokenizer, flat_layout, build_model
+    from orchestrator.backends.model import build_tokenizer, flat_layout, build_model
     from shm.weights import WeightBuffer
 
     mc = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,

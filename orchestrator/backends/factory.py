@@ -71,7 +71,7 @@ def build_trainer(cfg: Config):
         return SimTrainer(cfg.actor.sim)
     if cfg.actor.backend == "torch":
         from orchestrator.backends.torch_trainer import TorchTrainer
-        from orchestrator.model import resolve_device
+        from orchestrator.backends.model import resolve_device
         device = resolve_device("cuda:0" if cfg.actor.rank_devices else "cpu")  # each rank sees its own
         group = None
         if cfg.actor.strategy != "none":    # ranks: join the group the supervisor set up

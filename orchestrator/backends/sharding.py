@@ -14,7 +14,7 @@ Contract:
   CPU with gloo in this torch (2.13), so the CPU tests run the same sharded path as a GPU.
   `actor.activation_checkpointing` uses transformers' gradient checkpointing (non-reentrant).
 - `shard_writes(model, layout, rank, world, strategy)`: the (slot, byte offset, tensor) pieces this
-  rank writes into the flat weight layout (orchestrator.model): under fsdp each rank its own dim-0
+  rank writes into the flat weight layout (orchestrator.backends.model): under fsdp each rank its own dim-0
   rows of every parameter (FSDP2 chunks dim 0 in ceil(n / world) rows), under ddp or none whole
   parameters dealt to ranks by bytes. Together the ranks write every byte exactly once, and no
   weight passes through rank 0 (`trainer_worker.publish_together` puts them in the weight buffer).
@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from orchestrator.model import FlatLayout, Slot, torch_dtype
+from orchestrator.backends.model import FlatLayout, Slot, torch_dtype
 
 DCP_DIR = "dcp"
 

@@ -33,7 +33,7 @@ import torch
 
 from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.data.tokens import load_tokens
-from orchestrator.model import (bind_flat, build_model, flat_layout, load_flat, load_flat_tensor,
+from orchestrator.backends.model import (bind_flat, build_model, flat_layout, load_flat, load_flat_tensor,
                                 resolve_device)
 from shm.codec import Sequences
 

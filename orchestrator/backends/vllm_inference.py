@@ -39,7 +39,7 @@ Contract (same observable behaviour as TorchInference):
   executor, children of this process), and `loads_shared` is True: the worker hands `load_weights`
   a `shm.weights.SharedSlot` (the published slot's segment name and place) instead of bytes, and
   every rank maps the segment and reloads from it (vLLM's loaders take each rank's shard).
-- `load_weights(version, flat)`: the flat buffer (orchestrator.model layout) becomes (name, tensor)
+- `load_weights(version, flat)`: the flat buffer (orchestrator.backends.model layout) becomes (name, tensor)
   views without a copy and goes through `collective_rpc` to `vllm_adapter.FlatWeightsExtension` (installed as the
   engine's `worker_extension_cls`) on every rank, which calls vLLM's in-place `reload_weights` (it re-runs the
   weight post-processing, e.g. the CPU GEMM prepacking). Every reload is verified: each published
@@ -73,7 +73,7 @@ from orchestrator.backends.base import GenRequest, GenResult
 from orchestrator.backends.torch_inference import (KIND_EVAL, KIND_TRAIN, Active, Row, build_sequences,
                                                    check_request)
 from orchestrator.data.tokens import load_tokens
-from orchestrator.model import build_model, export_hf, flat_layout, torch_dtype
+from orchestrator.backends.model import build_model, export_hf, flat_layout, torch_dtype
 
 
 

@@ -4,7 +4,7 @@ Contract:
 - `load_tokens(model_path) -> ModelTokens`: with a local HF directory, its tokenizer
   (`AutoTokenizer`, local files only), its stop ids (every `eos_token_id` of generation_config.json,
   an int or a list, plus the tokenizer's eos) and its pad id (the tokenizer's, else the first stop
-  id). Without one, the built-in character tokenizer of `orchestrator.model` (stop: its eos).
+  id). Without one, the built-in character tokenizer of `orchestrator.backends.model` (stop: its eos).
 - `PromptRenderer(tokens, task_cfg)`: `ids(value) -> int32 array`. A list of chat messages
   ({role, content} mappings) is rendered with the tokenizer's chat template and the generation
   prompt, a `task.system_prompt` turn first unless the messages start with one. A plain string is
@@ -57,7 +57,7 @@ def _generation_eos(model_path: str) -> list[int]:
 
 
 def load_tokens(model_path: Optional[str]) -> ModelTokens:
-    from orchestrator.model import build_tokenizer
+    from orchestrator.backends.model import build_tokenizer
 
     tok = build_tokenizer(path=model_path)
     stops: list[int] = []

@@ -87,7 +87,7 @@ def weight_nbytes(cfg) -> int:
         return GPU_WEIGHT_BYTES
     if cfg.actor.backend == "sim":
         return cfg.actor.sim.weight_bytes
-    from orchestrator.model import weight_nbytes_for
+    from orchestrator.backends.model import weight_nbytes_for
     return weight_nbytes_for(cfg)
 
 

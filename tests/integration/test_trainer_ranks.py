@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
-from orchestrator.model import load_flat
+from orchestrator.backends.model import load_flat
 from orchestrator.runtime.rank_failures import free_port, rendezvous_env
 from shm.codec import Sequences
 

@@ -337,7 +337,7 @@ def test_tied_embeddings_reload_on_cpu(backend, tmp_path):
 
 
 def test_a_partial_weight_set_is_refused_and_the_version_stays(backend, tmp_path):
-    from orchestrator.model import FlatLayout
+    from orchestrator.backends.model import FlatLayout
 
     cfg, inf, tr, prompt = _tied_setup(backend, tmp_path)
     buf = memoryview(bytearray(tr.weight_nbytes()))

@@ -1,4 +1,4 @@
-"""Flat weight layout (orchestrator.model) and trainer <-> inference weight transfer and checkpoints."""
+"""Flat weight layout (orchestrator.backends.model) and trainer <-> inference weight transfer and checkpoints."""
 import os
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from orchestrator.config import ActorConfig, InferenceConfig, ModelConfig, RolloutConfig, TaskConfig
-from orchestrator.model import build_model, build_tokenizer, flat_layout, load_flat, write_flat
+from orchestrator.backends.model import build_model, build_tokenizer, flat_layout, load_flat, write_flat
 
 VOCAB = len(build_tokenizer("copy2"))
 
@@ -127,7 +127,7 @@ def test_trainer_checkpoint_round_trip(tmp_path):
 
 def test_weight_nbytes_for_config_matches_a_built_model():
     from orchestrator.config import Config
-    from orchestrator.model import weight_nbytes_for
+    from orchestrator.backends.model import weight_nbytes_for
     for dtype in ("float32", "bfloat16"):
         cfg = Config.model_validate({"task": {"name": "copy2"}, "model": {"dtype": dtype}})
         built = build_model(cfg.model, VOCAB, 0)
@@ -165,7 +165,7 @@ def test_cpu_inference_reads_published_weights_straight_into_its_parameters():
 
 def test_bind_flat_keeps_tied_parameters_tied():
     from transformers import LlamaConfig, LlamaForCausalLM
-    from orchestrator.model import bind_flat
+    from orchestrator.backends.model import bind_flat
     m = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                      num_hidden_layers=1, num_attention_heads=2,
                                      num_key_value_heads=2, tie_word_embeddings=True))
