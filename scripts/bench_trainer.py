@@ -112,7 +112,8 @@ def run_case(args, world: int, case: dict, tmp: str):
     import torch.multiprocessing as mp
     from orchestrator.runtime.rank_failures import free_port
     from orchestrator.config import ModelConfig
-    from orchestrator.backends.model import build_tokenizer, flat_layout, build_model
+    from orchestrator.backends.model import build_model, flat_layout
+    from orchestrator.data.tokens import build_tokenizer
     from shm.weights import WeightBuffer
 
     mc = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,

@@ -1,10 +1,6 @@
-"""Tiny causal LM, offline tokenizer and the flat weight layout shared by trainer and inference.
+"""Tiny causal LM and the flat weight layout shared by trainer and inference.
 
-Contract:
-- `build_tokenizer(task_name, path=None)`: with no `path`, an offline character-level
-  `PreTrainedTokenizerFast` over a small fixed vocabulary (`VOCAB`: pad, bos, eos, digits, a few
-  symbols; a text is bos + one id per character); the same vocabulary for every task, so ids never
-  depend on the task. With `path`, the tokenizer of that local HF directory (never downloads).
+Contract (the built-in tokenizer is `orchestrator.data.tokens.build_tokenizer`):
 - `build_model(model_cfg, vocab_size, seed)`: a `LlamaForCausalLM` built from config (deterministic
   in `seed`: the trainer and every inference worker build identical version-0 weights), or
   `from_pretrained(model_cfg.path)` from a local directory only. Returned in eval mode, dtype
@@ -23,40 +19,16 @@ Contract:
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
-PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
-VOCAB = [PAD, BOS, EOS, *"0123456789", "+", "-", "=", ">", "|", " "]
+from orchestrator.data.tokens import BOS, EOS, PAD, VOCAB, build_tokenizer, quiet_hf
+
 _ALIGN = 64
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# ------------------------------------------------------------------------------------ tokenizer
-
-def build_tokenizer(task_name: str = "", path: Optional[str] = None):
-    """Offline tokenizer. `task_name` is accepted for symmetry; every built-in task shares VOCAB."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if path is not None:
-        with quiet_hf():
-            return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    vocab = {tok: i for i, tok in enumerate(VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
-    # one token per character, special tokens kept whole; a text starts with bos
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[a-z]+>|."), behavior="isolated")
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB.index(BOS))])
-    tok.decoder = decoders.Fuse()          # characters join without spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
-                                   unk_token=PAD, clean_up_tokenization_spaces=False)
-    return fast
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -97,23 +69,6 @@ def _tiny_config(model_cfg, vocab_size: int):
         use_cache=False,
         attn_implementation="sdpa",
     )
-
-
-@contextlib.contextmanager
-def quiet_hf():
-    """No transformers progress bars or warnings (loading or writing a model or tokenizer) on the
-    console: what goes wrong is raised, and reported as one line by the caller."""
-    from transformers.utils import logging as hf_logging
-
-    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def build_model(model_cfg, vocab_size: int, seed: int):

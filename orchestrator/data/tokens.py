@@ -4,7 +4,12 @@ Contract:
 - `load_tokens(model_path) -> ModelTokens`: with a local HF directory, its tokenizer
   (`AutoTokenizer`, local files only), its stop ids (every `eos_token_id` of generation_config.json,
   an int or a list, plus the tokenizer's eos) and its pad id (the tokenizer's, else the first stop
-  id). Without one, the built-in character tokenizer of `orchestrator.backends.model` (stop: its eos).
+  id). Without one, the built-in character tokenizer (stop: its eos).
+- `build_tokenizer(task_name, path=None)`: with no `path`, an offline character-level
+  `PreTrainedTokenizerFast` over a small fixed vocabulary (`VOCAB`: pad, bos, eos, digits, a few
+  symbols; a text is bos + one id per character); the same vocabulary for every task, so ids never
+  depend on the task. With `path`, the tokenizer of that local HF directory (never downloads).
+  `quiet_hf()` keeps transformers' bars and warnings off the console while loading or saving.
 - `PromptRenderer(tokens, task_cfg)`: `ids(value) -> int32 array`. A list of chat messages
   ({role, content} mappings) is rendered with the tokenizer's chat template and the generation
   prompt, a `task.system_prompt` turn first unless the messages start with one. A plain string is
@@ -16,6 +21,7 @@ Contract:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -26,6 +32,48 @@ import numpy as np
 
 class DataError(ValueError):
     """Bad workload input (dataset, prompt, reward spec); one line naming it; the launch exits 2."""
+
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+VOCAB = [PAD, BOS, EOS, *"0123456789", "+", "-", "=", ">", "|", " "]
+
+
+@contextlib.contextmanager
+def quiet_hf():
+    """No transformers progress bars or warnings (loading or writing a model or tokenizer) on the
+    console: what goes wrong is raised, and reported as one line by the caller."""
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def build_tokenizer(task_name: str = "", path: Optional[str] = None):
+    """Offline tokenizer. `task_name` is accepted for symmetry; every built-in task shares VOCAB."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if path is not None:
+        with quiet_hf():
+            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    # one token per character, special tokens kept whole; a text starts with bos
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[a-z]+>|."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB.index(BOS))])
+    tok.decoder = decoders.Fuse()          # characters join without spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token=PAD, clean_up_tokenization_spaces=False)
+    return fast
 
 
 @dataclass(frozen=True)
@@ -57,8 +105,6 @@ def _generation_eos(model_path: str) -> list[int]:
 
 
 def load_tokens(model_path: Optional[str]) -> ModelTokens:
-    from orchestrator.backends.model import build_tokenizer
-
     tok = build_tokenizer(path=model_path)
     stops: list[int] = []
     if model_path is not None:

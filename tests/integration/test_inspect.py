@@ -95,7 +95,7 @@ def test_jsonl_sim_run_is_the_batch_with_ids(sim_run_dir):
 def test_jsonl_torch_run_decodes_with_the_runs_tokenizer(torch_run_dir):
     from orchestrator.config import load_config
     from orchestrator.data.tokens import load_tokens
-    from orchestrator.backends.model import VOCAB
+    from orchestrator.data.tokens import VOCAB
 
     cfg = load_config(os.path.join(torch_run_dir, "config.yaml"))
     tokens = load_tokens(cfg.model.path)

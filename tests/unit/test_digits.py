@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from orchestrator.data.digits import TASKS, digit_datasets, task_names
-from orchestrator.backends.model import VOCAB, build_tokenizer
+from orchestrator.data.tokens import VOCAB, build_tokenizer
 from tests.workload import prompts_and_reward, workload_config
 
 TOK = build_tokenizer()

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from orchestrator.config import ActorConfig, InferenceConfig, ModelConfig, RolloutConfig, TaskConfig
-from orchestrator.backends.model import build_model, build_tokenizer, flat_layout, load_flat, write_flat
+from orchestrator.backends.model import build_model, flat_layout, load_flat, write_flat
+from orchestrator.data.tokens import build_tokenizer
 
 VOCAB = len(build_tokenizer("copy2"))
 
