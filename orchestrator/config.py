@@ -254,7 +254,14 @@ class ActorConfig(_Section):
     threads: int = Field(1, ge=1, le=MAX_THREADS,
                          description="torch intra-op threads per trainer rank on CPU (<= 1024 cores)")
     lr: float = Field(1e-3, gt=0, description="learning rate (Adam)")
-    eps_clip: float = Field(0.2, gt=0, description="PPO clip range")
+    eps_clip: float = Field(0.2, gt=0, description="PPO clip range (the lower one with actor.eps_clip_higher)")
+    eps_clip_higher: Optional[float] = Field(
+        None, gt=0, description="upper clip range (DAPO's clip-higher, e.g. 0.28): the ratio is "
+        "clipped to [1 - eps_clip, 1 + eps_clip_higher] (AReaL's name); None: eps_clip")
+    c_clip: Optional[float] = Field(
+        None, gt=1, description="dual-clip PPO (Ye et al. 2020): a token with negative advantage "
+        "loses at most -A x c_clip however far its ratio is (AReaL's name; > 1; None: off; "
+        "algo.policy_loss=ppo only)")
     use_decoupled_loss: bool = Field(True, description="decoupled PPO objective (proximal policy = recomputed logprobs)")
     recompute_logprob: bool = Field(True, description="recompute logprobs under the current policy before the update")
     behav_imp_weight_cap: Optional[float] = Field(5.0, gt=1, description="cap on the behaviour importance weight (decoupled loss)")
@@ -572,6 +579,52 @@ class WeightsConfig(_Section):
                                     "cannot take requests mid-reload)")
 
 
+class AlgoConfig(_Section):
+    """Training recipe choices (orchestrator.algo); the names are verl's. Clip ranges, dual clip and
+    the behaviour-weight cap keep AReaL's `actor.*` keys (eps_clip, eps_clip_higher, c_clip,
+    behav_imp_weight_cap). Defaults are the original recipe: GRPO advantages with the population std,
+    the token-mean of the (decoupled) PPO loss."""
+    advantage: Literal["grpo", "grpo_population_std", "dr_grpo", "rloo", "reinforce_pp_baseline"] = Field(
+        "grpo_population_std", description="advantage estimator (orchestrator.algo.advantages): "
+        "grpo (group mean baseline / unbiased group std, as verl and TRL), grpo_population_std (the "
+        "same with the population std: this project's original, the default), dr_grpo (no std "
+        "division), rloo (leave-one-out mean of the group's other samples), reinforce_pp_baseline "
+        "(group mean subtracted, then whitened over the batch's loss-masked tokens)")
+    norm_by_std: bool = Field(True, description="grpo / grpo_population_std: divide by the group's "
+                              "std (false: Dr. GRPO's unscaled advantage); the other estimators "
+                              "do not read it")
+    policy_loss: Literal["ppo", "gspo", "cispo"] = Field(
+        "ppo", description="policy loss (orchestrator.algo.policy): ppo (clipped ratio, "
+        "actor.eps_clip / actor.eps_clip_higher, dual clip actor.c_clip), gspo (sequence-level "
+        "length-normalised ratio, token-level gradient; GSPO uses clip ranges near 3e-4 / 4e-4), "
+        "cispo (clipped importance weight as a constant times the logprob, MiniMax-M1)")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                           "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="how per-token losses become the batch loss (verl's names): "
+        "token-mean (over the batch's loss-masked tokens), seq-mean-token-mean (each sequence's "
+        "token mean, averaged over sequences), seq-mean-token-sum, seq-mean-token-sum-norm "
+        "(seq-mean-token-sum / algo.loss_horizon, Dr. GRPO); the same whatever the ranks and "
+        "micro-batches; the entropy bonus is aggregated the same way")
+    loss_horizon: Optional[int] = Field(
+        None, ge=1, le=MAX_TOKENS, description="seq-mean-token-sum-norm: the constant divisor "
+        "(Dr. GRPO: the longest completion; None: rollout.max_new_tokens); other modes refuse it")
+    rollout_correction: Literal["none", "tis", "mis"] = Field(
+        "none", description="train/inference mismatch correction with w = exp(recomputed - "
+        "behaviour logprob), needs actor.recompute_logprob and actor.use_decoupled_loss=false (the "
+        "decoupled loss already weights by w, capped): tis multiplies each token's loss by min(w, "
+        "algo.correction_threshold); mis drops tokens (or sequences) whose w lies outside "
+        "[algo.correction_threshold_low, algo.correction_threshold] (weight 0, still counted in "
+        "the loss's denominator) and weights the others by w")
+    correction_level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="what w is: token (each token's ratio), sequence (the product of the "
+        "sequence's token ratios), geometric (their length-normalised geometric mean)")
+    correction_threshold: float = Field(2.0, gt=0, description="tis: the truncation C; mis: the "
+                                        "upper bound of the kept band")
+    correction_threshold_low: Optional[float] = Field(
+        None, ge=0, description="mis only: the lower bound of the kept band (None: 0, drop above "
+        "only; 1/correction_threshold: a two-sided mask)")
+
+
 class Config(_Section):
     """The whole run. `notes`: warnings from `load_config` for the launcher to print (not part of the
     resolved config)."""
@@ -590,6 +643,40 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+
+    @model_validator(mode="after")
+    def _algo_checks(self) -> "Config":
+        """Recipe keys that cannot combine (issue #24): each refusal names both keys."""
+        algo, actor = self.algo, self.actor
+        if algo.rollout_correction != "none":
+            if not actor.recompute_logprob:
+                raise ValueError(f"algo.rollout_correction={algo.rollout_correction} compares the "
+                                 f"trainer's recomputed logprobs with the engine's: it needs "
+                                 f"actor.recompute_logprob=true")
+            if actor.use_decoupled_loss:
+                raise ValueError(f"algo.rollout_correction={algo.rollout_correction} and "
+                                 f"actor.use_decoupled_loss=true: the decoupled loss already weights "
+                                 f"each token by the same w (capped by actor.behav_imp_weight_cap); "
+                                 f"set actor.use_decoupled_loss=false to use the correction")
+        if algo.correction_threshold_low is not None:
+            if algo.rollout_correction != "mis":
+                raise ValueError(f"algo.correction_threshold_low is the lower bound of mis's band: "
+                                 f"it needs algo.rollout_correction=mis (got "
+                                 f"{algo.rollout_correction})")
+            if algo.correction_threshold_low > algo.correction_threshold:
+                raise ValueError(f"algo.correction_threshold_low={algo.correction_threshold_low} is "
+                                 f"above algo.correction_threshold={algo.correction_threshold}")
+        if actor.c_clip is not None and algo.policy_loss != "ppo":
+            raise ValueError(f"actor.c_clip (dual clip) applies to the ppo loss, not "
+                             f"algo.policy_loss={algo.policy_loss}")
+        if algo.loss_horizon is not None and algo.loss_agg_mode != "seq-mean-token-sum-norm":
+            raise ValueError(f"algo.loss_horizon={algo.loss_horizon} is the divisor of "
+                             f"seq-mean-token-sum-norm; algo.loss_agg_mode={algo.loss_agg_mode} does "
+                             f"not read it")
+        if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_horizon is None:
+            algo.loss_horizon = self.rollout.max_new_tokens
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":

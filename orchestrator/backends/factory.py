@@ -79,5 +79,5 @@ def build_trainer(cfg: Config):
             group = RankGroup.from_env(cfg.actor, device)
         return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device,
                             temperature=cfg.rollout.temperature, total_steps=cfg.run.total_steps,
-                            group=group)
+                            group=group, algo=cfg.algo)
     raise ValueError(f"unknown actor.backend {cfg.actor.backend!r}")

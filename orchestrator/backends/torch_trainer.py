@@ -13,16 +13,24 @@ Contract (TrainerBackend of base.py):
   (orchestrator.backends.microbatch; padded, or packed into one row with `actor.pack_sequences`).
   Per-sequence `batch.advantages` are broadcast to the loss-masked tokens; behaviour logprobs are
   `batch.logprobs`. With `actor.recompute_logprob`, the logprobs of the current policy are
-  recomputed once before the update (no grad) as the proximal policy. Loss (orchestrator.algo.loss):
-  decoupled objective when `actor.use_decoupled_loss`; otherwise the standard clip against the
-  recomputed logprobs when recomputing (AReaL's choice), else against the behaviour logprobs. Then
-  `actor.ppo_epochs` passes over the batch of (PPO loss - `actor.entropy_coef` x mean entropy of the
-  loss-masked tokens), each: backward per micro-batch (gradients accumulate; each micro-batch's
-  mean is weighted by its share of the batch's loss-masked tokens, so the loss is the per-token mean
-  over the whole batch whatever the split), clip grad norm to `actor.max_grad_norm`, Adam step. A
-  batch with no loss-masked token, or only zero advantages and no entropy bonus, is skipped (on
+  recomputed once before the update (no grad) as the proximal policy. Loss (orchestrator.algo):
+  `policy_loss(algo.policy_loss)` with clip [1 - actor.eps_clip, 1 + (actor.eps_clip_higher or
+  eps_clip)] and dual clip actor.c_clip, anchored at the recomputed logprobs when recomputing
+  (AReaL's choice), else at the behaviour logprobs; each token weighted by the behaviour weight
+  w = exp(recomputed - behaviour) of `rollout_correction`: AReaL's decoupled objective
+  (`actor.use_decoupled_loss`: mis at token level, w kept up to `actor.behav_imp_weight_cap`) or
+  `algo.rollout_correction` (tis / mis at token, sequence or geometric level); aggregated by
+  `algo.loss_agg_mode` (`agg_loss`). Then `actor.ppo_epochs` passes over the batch of (that loss -
+  `actor.entropy_coef` x the entropy of the loss-masked tokens, aggregated the same way), each:
+  backward per micro-batch (gradients accumulate; each micro-batch's aggregate is weighted by its
+  share of the batch's `agg_units`, so the loss is the whole batch's whatever the split; packed
+  rows are laid out one sequence per row for the loss), clip grad norm to `actor.max_grad_norm`,
+  Adam step. A batch with no loss-masked token, or only zero advantages and no entropy bonus, is
+  skipped (on
   every rank alike): no update, stats with loss 0 and skipped 1. Stats (summed over ranks) are
-  python floats: loss, clip_frac, imp_weight_mean, behav_capped_frac, approx_kl, grad_norm, tokens,
+  python floats: loss, clip_frac, dual_clip_frac, ratio_mean, entropy, imp_weight_mean and
+  behav_capped_frac (the behaviour weight's mean and the fraction of tokens it truncated or
+  dropped; 1 and 0 without one), approx_kl, grad_norm, tokens,
   sequences, skipped, steps (updates so far), and when recomputing: logprob_diff_mean /
   logprob_diff_max / logprob_diff_tokens, the |recomputed - behaviour| logprob over loss-masked
   tokens sampled at `batch.version` (the weights the trainer holds): inference and trainer
@@ -52,10 +60,11 @@ import torch
 
 from orchestrator.backends import sharding
 from orchestrator.backends.microbatch import plan
-from orchestrator.algo.loss import masked_mean, ppo_loss
+from orchestrator.algo import agg_loss, agg_units, policy_loss, rollout_correction
 from orchestrator.data.tokens import load_tokens
 from orchestrator.backends.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)
+from orchestrator.config import AlgoConfig
 from shm.codec import Sequences
 
 MODEL_FILE, OPTIM_FILE, HF_DIR = "model.safetensors", "optimizer.pt", "hf"
@@ -118,10 +127,28 @@ def token_logprobs(model, t: dict, temperature: float, with_entropy: bool = Fals
     return picked, torch.nn.functional.pad(entropy, (1, 0))
 
 
+AGGREGATES = ("loss", "entropy")     # step stats that are the batch's aggregate (weighted by units)
+
+
+def _sequence_rows(t: dict):
+    """A function giving [k, L] tensors, one row per sequence, of a part's [n, L] tensors: the
+    identity for padded parts; for a packed [1, T] row, each sequence (position ids restarting at
+    0) laid out in its own zero-padded row (differentiable: an index_put). The sequence-level
+    losses, corrections and aggregations need sequences as rows."""
+    if "pos" not in t:
+        return lambda x: x
+    pos = t["pos"][0]
+    seq = torch.cumsum((pos == 0).long(), 0) - 1
+    shape = (int(seq[-1]) + 1, int(pos.max()) + 1)
+    return lambda x: x.new_zeros(shape).index_put((seq, pos), x[0])
+
+
 class TorchTrainer:
     def __init__(self, model_cfg, actor_cfg, task_cfg, seed: int, device="cpu", temperature: float = 1.0,
-                 total_steps: int = 1, group: Optional[sharding.RankGroup] = None):
+                 total_steps: int = 1, group: Optional[sharding.RankGroup] = None,
+                 algo: Optional[AlgoConfig] = None):
         self.cfg = actor_cfg
+        self.algo = algo if algo is not None else AlgoConfig()
         self.total_steps = total_steps
         self.device = resolve_device(device)
         if self.device.type == "cpu":
@@ -216,8 +243,10 @@ class TorchTrainer:
 
     def train_step(self, batch: Sequences) -> dict[str, float]:
         """One update on the whole batch; with ranks, every rank calls it with the same batch and
-        trains its share (orchestrator.backends.microbatch). The loss is the per-token mean over
-        the batch's loss-masked tokens however the batch is split."""
+        trains its share (orchestrator.backends.microbatch). The loss is the `algo.loss_agg_mode`
+        aggregate over the whole batch however the batch is split: each part's aggregate is
+        weighted by its share of the batch's units (`agg_units`: loss-masked tokens, or sequences
+        with one)."""
         offsets = np.asarray(batch.offsets, dtype=np.int64)
         masked = np.asarray(batch.loss_mask, dtype=bool).copy()
         masked[offsets[:-1][np.diff(offsets) > 0]] = False   # a first token has no predicting position
@@ -232,10 +261,15 @@ class TorchTrainer:
         if n_tok == 0 or (coef == 0 and not signal):     # the same decision on every rank
             return base
 
+        algo, mode = self.algo, self.algo.loss_agg_mode
+        width = int(per_seq.max())
+        units = agg_units(torch.arange(width)[None, :] < torch.from_numpy(per_seq)[:, None], mode)
         mine = plan(np.diff(offsets), self.world, self.cfg.micro_batch_tokens,
                     self.cfg.pack_sequences)[self.rank]
         parts = [self._tensors(batch, rows) for rows in mine]
-        weights = [float(t["mask"].sum()) / n_tok for t in parts]
+        rows = [_sequence_rows(t) for t in parts]            # [k, L] views, one row per sequence
+        weights = [agg_units(r(t["mask"]), mode) / units for r, t in zip(rows, parts)]
+        shares = [float(t["mask"].sum()) / n_tok for t in parts]   # token shares, for token stats
         behav = [t["behav"] for t in parts]
         prox: list[Optional[torch.Tensor]] = [None] * len(parts)
         mismatch: dict[str, float] = {}
@@ -257,31 +291,48 @@ class TorchTrainer:
             if diff_n:
                 mismatch = {"logprob_diff_mean": diff_sum / diff_n, "logprob_diff_max": diff_max,
                             "logprob_diff_tokens": diff_n}
-            if not self.cfg.use_decoupled_loss:
-                behav, prox = prox, [None] * len(parts)   # standard PPO anchored at the recomputed policy
+        # the ratio's anchor: the recomputed (proximal) policy when recomputing (AReaL's choice
+        # for the standard clip too), else the behaviour policy
+        anchor = prox if self.cfg.recompute_logprob else behav
+        correction = self._correction()
+        token_w: list[Optional[torch.Tensor]] = [None] * len(parts)
+        fixed = {"imp_weight_mean": 1.0, "behav_capped_frac": 0.0}
+        if correction is not None:
+            sums = [0.0, 0.0]
+            for m, t in enumerate(parts):
+                w, _, st = rollout_correction(rows[m](prox[m]), rows[m](behav[m]),
+                                              rows[m](t["mask"]), *correction[:2],
+                                              threshold=correction[2], threshold_low=correction[3])
+                token_w[m] = w
+                sums[0] += st["weight_mean"] * shares[m]
+                sums[1] += st["hit_frac"] * shares[m]
+            fixed = dict(zip(("imp_weight_mean", "behav_capped_frac"), self._reduce(sums)))
 
         lr = self.lr_at(batch.ident)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
+        clip_high = self.cfg.eps_clip_higher if self.cfg.eps_clip_higher is not None else self.cfg.eps_clip
         totals: dict[str, float] = {}
         for _ in range(self.cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             for m, t in enumerate(parts):
+                r = rows[m]
                 with self._sync_grads(m == len(parts) - 1):
                     lp, ent = token_logprobs(self.model, t, self.temperature, True)
-                    loss, stats = ppo_loss(lp, prox[m], behav[m], t["adv"], t["mask"],
-                                           self.cfg.eps_clip, self.cfg.use_decoupled_loss,
-                                           self.cfg.behav_imp_weight_cap)
-                    entropy = masked_mean(ent, t["mask"].bool())
+                    loss, stats = policy_loss(algo.policy_loss, r(lp), r(anchor[m]), r(t["adv"]),
+                                              r(t["mask"]), clip_low=self.cfg.eps_clip,
+                                              clip_high=clip_high, clip_c=self.cfg.c_clip, agg=mode,
+                                              horizon=algo.loss_horizon, weights=token_w[m])
+                    entropy = agg_loss(r(ent), r(t["mask"]), mode, algo.loss_horizon)
                     if coef:
                         loss = loss - coef * entropy   # keeps exploring once groups stop disagreeing
-                    # ranks' gradients are averaged: x world makes the sum over ranks the batch mean
+                    # ranks' gradients are averaged: x world makes the sum over ranks the batch loss
                     (loss * (weights[m] * self.world)).backward()
                 stats["entropy"] = float(entropy.detach())
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v * weights[m]
+                for k, v in stats.items():      # the aggregates by units, token statistics by tokens
+                    sums[k] = sums.get(k, 0.0) + v * (weights[m] if k in AGGREGATES else shares[m])
             keys = sorted(sums)
             sums = dict(zip(keys, self._reduce([sums[k] for k in keys])))
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
@@ -292,9 +343,24 @@ class TorchTrainer:
         self.model.eval()
         self.steps += 1
         out = {k: v / self.cfg.ppo_epochs for k, v in totals.items()}
-        out.update(tokens=float(n_tok), sequences=float(batch.n), skipped=0.0, steps=float(self.steps),
-                   lr=lr, **mismatch)
+        out.update(fixed, tokens=float(n_tok), sequences=float(batch.n), skipped=0.0,
+                   steps=float(self.steps), lr=lr, **mismatch)
         return out
+
+    def _correction(self) -> Optional[tuple]:
+        """(mode, level, threshold, threshold_low) of the per-token weight against the behaviour
+        policy, or None: AReaL's decoupled objective is `mis` at `token` level with [0, cap]
+        (no cap: every weight kept); otherwise `algo.rollout_correction`."""
+        if self.cfg.use_decoupled_loss:
+            cap = self.cfg.behav_imp_weight_cap
+            return ("mis", "token", math.inf if cap is None else cap, None)
+        a = self.algo
+        if a.rollout_correction == "none":
+            return None
+        if not self.cfg.recompute_logprob:
+            raise ValueError("algo.rollout_correction needs actor.recompute_logprob")
+        return (a.rollout_correction, a.correction_level, a.correction_threshold,
+                a.correction_threshold_low)
 
     def _reduce(self, values: list[float], op: str = "sum") -> list[float]:
         return self.group.reduce(values, op) if self.group is not None else values

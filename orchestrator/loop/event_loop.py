@@ -75,7 +75,8 @@ class EventLoop:
         self.gate = StalenessGate(r.max_head_offpolicyness, r.consumer_batch_size, r.concurrency,
                                   version=self.counter.get)
         self.dispatcher = Dispatcher(res.inference_req, r.queue_size)
-        self.sink = TrainSink(r.consumer_batch_size, r.filter_zero_std)
+        self.sink = TrainSink(r.consumer_batch_size, r.filter_zero_std, cfg.algo.advantage,
+                              cfg.algo.norm_by_std)
         self.eval_sink = EvalSink()
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task

@@ -1,11 +1,14 @@
 """Train sink: finished groups -> advantages -> filter -> batch of B groups.
 
-Groups are consumed in completion order. Advantages are GRPO's: (r - group mean) / (group std + eps)
-for groups of more than one sample; singleton groups use the batch as their baseline. A sample with
-no loss-masked token (a multi-turn episode rejected by the append rule: not trained) takes no part
-in a baseline and gets advantage 0; it stays in its group, so its prompt is consumed once. With
-`filter_zero_std`, groups whose rewards (of samples with loss-masked tokens) are all equal carry no
-signal and are dropped (a singleton batch is dropped only if every such reward in it is equal).
+Groups are consumed in completion order. Advantages are `orchestrator.algo.compute_advantages` of the
+configured estimator (`algo.advantage`, `algo.norm_by_std`; the default, grpo_population_std, is
+(r - group mean) / (group population std + eps)) over the groups kept, each group one group_index;
+a batch of single samples is one group (the batch is their baseline); a single sample in a batch of
+groups gets 0. A sample with no loss-masked token (a multi-turn episode rejected by the append rule:
+not trained) takes no part in a baseline and gets advantage 0; it stays in its group, so its prompt
+is consumed once. With `filter_zero_std`, groups whose rewards (of samples with loss-masked tokens)
+are all equal carry no signal and are dropped before the advantages (a singleton batch is dropped
+only if every such reward in it is equal).
 `trainable` is the number of samples left
 that have at least one loss-masked token (`trainable_tokens` counts those tokens): a batch of empty
 completions is not trainable. `reward_errors` sums the groups' `scalars[REWARD_ERRORS]` (reward calls
@@ -21,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from orchestrator.algo import compute_advantages
 from orchestrator.data.reward_pool import REWARD_ERRORS
 from orchestrator.envs.base import ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS, TURNS_MAX
 from shm.codec import Sequences, concat
@@ -43,14 +47,6 @@ class BatchInfo:
     parts: list              # the groups themselves, in completion order
 
 
-def _normalise(r: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """GRPO advantages over the samples with loss-masked tokens (`live`); 0 for the others."""
-    out = np.zeros(len(r), np.float32)
-    if live.any():
-        out[live] = (r[live] - r[live].mean()) / (r[live].std() + EPS)
-    return out
-
-
 def _flat(r: np.ndarray, live: np.ndarray) -> bool:
     return not live.any() or np.ptp(r[live]) == 0
 
@@ -61,9 +57,11 @@ def _masked_per_seq(seqs: Sequences) -> np.ndarray:
 
 
 class TrainSink:
-    def __init__(self, batch_size: int, filter_zero_std: bool):
+    def __init__(self, batch_size: int, filter_zero_std: bool,
+                 estimator: str = "grpo_population_std", norm_by_std: bool = True):
         self.batch_size = batch_size
         self.filter_zero_std = filter_zero_std
+        self.estimator, self.norm_by_std = estimator, norm_by_std
         self.pending: list[Sequences] = []
 
     def add(self, group: Sequences) -> None:
@@ -76,20 +74,20 @@ class TrainSink:
         groups, self.pending = self.pending[:self.batch_size], self.pending[self.batch_size:]
         consumed = concat(groups, kind=BATCH_KIND, ident=step, version=version)
         rewards = consumed.rewards.astype(np.float64)
-        live = _masked_per_seq(consumed) > 0
-        keep, advs = [], []
-        if all(g.n == 1 for g in groups):
-            if not (self.filter_zero_std and _flat(rewards, live)):
-                keep, advs = groups, [_normalise(rewards, live)]
+        lengths = _masked_per_seq(consumed)
+        live = lengths > 0
+        starts = np.cumsum([0] + [g.n for g in groups])
+        singles = all(g.n == 1 for g in groups)
+        if singles:      # one group of single samples: the batch is their baseline
+            kept = [] if self.filter_zero_std and _flat(rewards, live) else list(range(len(groups)))
         else:
-            starts = np.cumsum([0] + [g.n for g in groups])
-            for g, a in zip(groups, starts):
-                r, lv = g.rewards.astype(np.float64), live[a:a + g.n]
-                if self.filter_zero_std and _flat(r, lv):
-                    continue
-                keep.append(g)
-                advs.append(_normalise(r, lv) if g.n > 1 else np.zeros(1, np.float32))
-        advantages = np.concatenate(advs) if advs else np.zeros(0, np.float32)
+            kept = [i for i in range(len(groups)) if not (
+                self.filter_zero_std and _flat(rewards[starts[i]:starts[i + 1]], live[starts[i]:starts[i + 1]]))]
+        keep = [groups[i] for i in kept]
+        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in kept] or [np.zeros(0, np.int64)])
+        group_index = np.zeros(len(rows), np.int64) if singles else np.repeat(kept, [groups[i].n for i in kept])
+        advantages = compute_advantages(rewards[rows], group_index, self.estimator, self.norm_by_std,
+                                        EPS, lengths[rows]).astype(np.float32)
         if len(keep) == len(groups):     # nothing filtered: the same columns, no second copy
             batch = replace(consumed, advantages=advantages)
         else:

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from orchestrator.backends.torch_trainer import TorchTrainer
-from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
+from orchestrator.config import ActorConfig, AlgoConfig, ModelConfig, TaskConfig
 from orchestrator.backends.model import load_flat
 from orchestrator.runtime.rank_failures import free_port, rendezvous_env
 from shm.codec import Sequences
@@ -42,19 +42,19 @@ def make_batch(seed=0, n=7) -> Sequences:
                      scalars=np.zeros(0, dtype=np.float64))
 
 
-def _trainer(actor: dict, group=None, device="cpu") -> TorchTrainer:
+def _trainer(actor: dict, group=None, device="cpu", algo=None) -> TorchTrainer:
     return TorchTrainer(ModelConfig(**MODEL), ActorConfig(**BASE, **actor), TaskConfig(name="copy2"),
-                        seed=3, group=group, device=device)
+                        seed=3, group=group, device=device, algo=AlgoConfig(**(algo or {})))
 
 
-def _rank(rank, world, port, actor, weights_path, out, device="cpu"):
+def _rank(rank, world, port, actor, weights_path, out, device="cpu", algo=None):
     from orchestrator.backends.sharding import RankGroup
     faulthandler.enable(all_threads=True)     # a native abort shows every thread's Python stack
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     cfg = ActorConfig(**BASE, **actor, num_ranks=world)
     dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
-    tr = _trainer(dict(actor, num_ranks=world), RankGroup.from_env(cfg, dev), dev)
+    tr = _trainer(dict(actor, num_ranks=world), RankGroup.from_env(cfg, dev), dev, algo)
     stats = tr.train_step(make_batch())
     grads = tr.gradients()
     with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
@@ -69,19 +69,19 @@ def _rank(rank, world, port, actor, weights_path, out, device="cpu"):
     os._exit(0)     # as trainer workers do: gloo's native threads may abort at finalization
 
 
-def run_ranks(tmp_path, world, actor, device="cpu"):
+def run_ranks(tmp_path, world, actor, device="cpu", algo=None):
     one = _trainer({})
     path = tmp_path / "weights"
     path.write_bytes(b"\xff" * one.weight_nbytes())          # bytes no rank wrote stay 0xff
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_rank, args=(world, free_port(), actor, str(path), str(out), device),
+    mp.start_processes(_rank, args=(world, free_port(), actor, str(path), str(out), device, algo),
                        nprocs=world, start_method="spawn", join=True)
     got = torch.load(out, weights_only=False)
     return got["stats"], got["grads"], path.read_bytes()
 
 
-def single(actor, device="cpu"):
-    tr = _trainer(actor, device=device)
+def single(actor, device="cpu", algo=None):
+    tr = _trainer(actor, device=device, algo=algo)
     stats = tr.train_step(make_batch())
     buf = bytearray(tr.weight_nbytes())
     tr.write_weights(memoryview(buf))
@@ -134,6 +134,37 @@ def test_more_ranks_than_sequences(tmp_path, reference):
     passes so that every rank joins the same collectives."""
     got = run_ranks(tmp_path, 3, {"sharding": "fsdp", "micro_batch_tokens": 16})
     assert_same(reference, got, "3 ranks fsdp")
+
+
+# The recipes (issue #24): the sequence-level aggregations need the global sequence count, as
+# token-mean needs the global token count; each combination also runs a sequence-level loss or
+# correction on packed rows, which the trainer lays out one sequence per row.
+RECIPES = {
+    "gspo, seq-mean-token-mean, tis sequence": (
+        {"use_decoupled_loss": False, "eps_clip": 3e-4, "eps_clip_higher": 4e-4},
+        {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean", "rollout_correction": "tis",
+         "correction_level": "sequence", "correction_threshold": 1.5}),
+    "cispo, seq-mean-token-sum, mis geometric": (
+        {"use_decoupled_loss": False, "eps_clip_higher": 0.28},
+        {"policy_loss": "cispo", "loss_agg_mode": "seq-mean-token-sum", "rollout_correction": "mis",
+         "correction_level": "geometric", "correction_threshold": 1.2, "correction_threshold_low": 0.8}),
+    "ppo dual clip, seq-mean-token-sum-norm, decoupled": (
+        {"c_clip": 3.0}, {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_horizon": 16}),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if i else [])
+                                  for i, n in enumerate(RECIPES)])   # ~25 s each: one by default
+def test_recipes_are_split_invariant(tmp_path, name):
+    actor, algo = RECIPES[name]
+    ref = single(actor, algo=algo)
+    assert ref[0]["skipped"] == 0 and ref[0]["imp_weight_mean"] != 1.0
+    for budget, packed in [(1, False), (30, True)]:
+        got = single(dict(actor, micro_batch_tokens=budget, pack_sequences=packed), algo=algo)
+        assert_same(ref, got, f"{name}: 1 rank, budget {budget}, packed {packed}")
+    got = run_ranks(tmp_path, 2, dict(actor, sharding="fsdp", micro_batch_tokens=30,
+                                      pack_sequences=True), algo=algo)
+    assert_same(ref, got, f"{name}: 2 ranks fsdp, packed")
 
 
 def _rank_resume(rank, world, port, ckpt, weights_path, phase):
