@@ -5,6 +5,12 @@ whose message is one line naming the offending field (unknown keys suggest the n
 Nothing heavy is imported here; validation happens before any process or shm segment exists.
 Key names under `rollout.*` and `actor.*` follow AReaL.
 
+Overlays: a file whose top level holds `defaults: FILE` (NeMo-RL's key; the path relative to the
+file) is laid over that base config, itself read the same way (`read_layers`: mappings merge at any
+depth, any other value replaces the base's; at most 8 files, no cycle), then the overrides apply.
+The recipe presets (configs/recipes/*.yaml) are overlays on configs/default.yaml. Each file is held
+to the input rules below, and the merged result is validated as one config.
+
 Input rules: the file must be UTF-8 YAML with no duplicate key at any depth (the error names the
 dotted key and both lines); `1e-3` is a float (YAML 1.2) as well as `1.0e-3`. Values are typed
 strictly, never coerced across bool/int/float/str: an int field takes only an int (not `true`, not
@@ -875,12 +881,19 @@ def env_spec(cfg: Config) -> Optional[str]:
     return cfg.task.env or ("lookup" if cfg.task.name == "lookup" else None)
 
 
-def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) -> Config:
-    """Load YAML (default: configs/default.yaml), apply dotted overrides, validate."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
+BASE_KEY = "defaults"             # a file's base config (NeMo-RL's key; the file overlays it)
+MAX_BASE_DEPTH = 8               # overlays of overlays: a recipe on a job on a base is three
+
+
+def _config_path(path: Path) -> Path:
     if not path.is_absolute() and path.parts[:1] == ("configs",) and not path.exists():
         shipped = CONFIG_DIR.joinpath(*path.parts[1:])      # configs/X.yaml from any directory
         path = shipped if shipped.is_file() else path
+    return path
+
+
+def _read_yaml(path: Path) -> dict:
+    """One config file's mapping, read strictly (size, UTF-8, YAML, duplicate keys, top-level map)."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
@@ -904,6 +917,51 @@ def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) ->
         raise ConfigError(f"config file '{path}' is not valid YAML{line}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping at top level")
+    return data
+
+
+def merge_overlay(base: dict, overlay: dict) -> dict:
+    """`overlay` on `base`: mappings merge key by key, at any depth; any other value of the
+    overlay (a scalar, a list, null) replaces the base's. Neither input is changed."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_overlay(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The mapping of config file `path` laid over its base: a top-level `defaults: FILE` (relative
+    to the file holding it) names the config this file overlays, itself read the same way (at most
+    MAX_BASE_DEPTH files, no cycle); the result holds no `defaults` key."""
+    data = _read_yaml(path)
+    if BASE_KEY not in data:
+        return data
+    base = data.pop(BASE_KEY)
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"config file '{path}': '{BASE_KEY}' names the base config this file "
+                          f"overlays: a file path (got {base!r})")
+    base_path = Path(base) if Path(base).is_absolute() else path.parent / base
+    seen = chain + (path,)
+    if any(base_path.resolve() == p.resolve() for p in seen):
+        raise ConfigError(f"config file '{path}': '{BASE_KEY}: {base}' makes a cycle "
+                          f"({' -> '.join(str(p) for p in (*seen, base_path))})")
+    if len(seen) >= MAX_BASE_DEPTH:
+        raise ConfigError(f"config file '{path}': more than {MAX_BASE_DEPTH} files deep in "
+                          f"'{BASE_KEY}' bases")
+    if not base_path.is_file():
+        raise ConfigError(f"config file '{path}': its base '{BASE_KEY}: {base}' is not a file "
+                          f"({base_path})")
+    return merge_overlay(read_layers(base_path, seen), data)
+
+
+def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) -> Config:
+    """Load YAML (default: configs/default.yaml) laid over its `defaults` base if it names one
+    (`read_layers`), apply dotted overrides, validate."""
+    path = _config_path(Path(path) if path is not None else DEFAULT_CONFIG)
+    data = read_layers(path)
     keys = {ov.partition("=")[0].strip() for ov in overrides}
     if "task.dataset" in keys and "task.name" not in keys and isinstance(data.get("task"), dict):
         data["task"].pop("name", None)      # your data on the command line replaces the file's task
