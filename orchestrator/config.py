@@ -629,6 +629,20 @@ class AlgoConfig(_Section):
     correction_threshold_low: Optional[float] = Field(
         None, ge=0, description="mis only: the lower bound of the kept band (None: 0, drop above "
         "only; 1/correction_threshold: a two-sided mask)")
+    overlong_filter: bool = Field(
+        False, description="DAPO's overlong filtering: completions the engine cut at "
+        "rollout.max_new_tokens (that length, not ending in a stop token) get no loss-masked token: "
+        "not trained, out of their group's baseline (advantage 0), their prompt still consumed; "
+        "counted as overlong_filtered in the step line (single-turn tasks)")
+    overlong_buffer_len: Optional[int] = Field(
+        None, ge=1, le=MAX_TOKENS, description="DAPO's soft overlong punishment: completions longer "
+        "than rollout.max_new_tokens - this get a reward penalty falling linearly from 0 to "
+        "-algo.overlong_penalty_factor at rollout.max_new_tokens, added before the advantages "
+        "(step line: overlong_penalty_mean, overlong_penalized); at most rollout.max_new_tokens "
+        "(DAPO: 4096 of 20480); None: off (single-turn tasks)")
+    overlong_penalty_factor: float = Field(
+        1.0, gt=0, le=1e6, description="the soft punishment's largest penalty (verl's "
+        "penalty_factor; DAPO: 1.0); needs algo.overlong_buffer_len")
 
 
 class Config(_Section):
@@ -680,6 +694,19 @@ class Config(_Section):
             raise ValueError(f"algo.loss_horizon={algo.loss_horizon} is the divisor of "
                              f"seq-mean-token-sum-norm; algo.loss_agg_mode={algo.loss_agg_mode} does "
                              f"not read it")
+        if algo.overlong_buffer_len is not None and algo.overlong_buffer_len > self.rollout.max_new_tokens:
+            raise ValueError(f"algo.overlong_buffer_len={algo.overlong_buffer_len} is longer than "
+                             f"rollout.max_new_tokens={self.rollout.max_new_tokens}: the buffer is "
+                             f"the last stretch before the limit")
+        if algo.overlong_penalty_factor != 1.0 and algo.overlong_buffer_len is None:
+            raise ValueError("algo.overlong_penalty_factor scales the soft overlong punishment: it "
+                             "needs algo.overlong_buffer_len")
+        shaping = [k for k in ("overlong_filter", "overlong_buffer_len")
+                   if getattr(algo, k) not in (None, False)]
+        if shaping and env_spec(self) is not None:
+            raise ValueError(f"algo.{shaping[0]} acts on single-turn completions cut at "
+                             f"rollout.max_new_tokens; task.env={env_spec(self)} episodes are "
+                             f"bounded by task.max_episode_tokens instead")
         if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_horizon is None:
             algo.loss_horizon = self.rollout.max_new_tokens
         return self

@@ -12,6 +12,9 @@ Modules:
   clip_high, clip_c=None, agg="token-mean", horizon=None, weights=None) -> (loss, stats)`: ppo
   (asymmetric and dual clip), gspo, cispo.
 - kl: `kl_penalty(logprobs, ref_logprobs, estimator)`: k1, k2, k3.
+- overlong: DAPO's overlong handling, `overlong_penalty(lengths, max_len, buffer_len, factor)`
+  (the soft punishment added to rewards) and `cut_at_limit(...)` (the completions to filter);
+  numpy only.
 - correction: `rollout_correction(...)`: TIS / MIS weights at token, sequence or geometric level.
 - loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
   trainer's loss before these recipes.
@@ -19,13 +22,14 @@ Modules:
 
 May import torch and numpy only; nothing of the runtime, the loop or the run directory. The torch
 modules load on first use of their names, so `from orchestrator.algo import compute_advantages`
-imports numpy only.
+(or the overlong functions) imports numpy only.
 """
 from __future__ import annotations
 
 import importlib
 
 from orchestrator.algo.advantages import ESTIMATORS, compute_advantages
+from orchestrator.algo.overlong import cut_at_limit, overlong_penalty
 
 _LAZY = {"agg_loss": "aggregate", "agg_units": "aggregate", "AGG_MODES": "aggregate",
          "policy_loss": "policy", "POLICY_LOSSES": "policy",
@@ -33,7 +37,7 @@ _LAZY = {"agg_loss": "aggregate", "agg_units": "aggregate", "AGG_MODES": "aggreg
          "rollout_correction": "correction", "CORRECTIONS": "correction",
          "CORRECTION_LEVELS": "correction"}
 
-__all__ = ["compute_advantages", "ESTIMATORS", *_LAZY]
+__all__ = ["compute_advantages", "ESTIMATORS", "cut_at_limit", "overlong_penalty", *_LAZY]
 
 
 def __getattr__(name: str):

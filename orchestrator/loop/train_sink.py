@@ -16,15 +16,26 @@ scored 0 after failing, set by the inference worker's reward pool or episode run
 groups (`envs.base.SCALARS`) add `episode` fields to the step line: turns per episode (mean, max),
 environment and generation seconds per episode (means), tool calls, episodes ended by a limit,
 rollouts rejected by the append rule.
+
+Overlong handling (DAPO; `algo.overlong_*`, single-turn; `orchestrator.algo.overlong`), applied
+before the zero-std filter and the advantages, on the completion length (tokens after the prompt):
+with `overlong_filter`, completions cut at rollout.max_new_tokens (that length, last token not a
+stop id) lose their loss-masked tokens in the batch (not trained, out of their group's baseline);
+with `overlong_buffer_len`, the soft punishment is added to each sample's reward for the advantages
+(the batch keeps the task's rewards, `reward_mean` too). The step line then carries
+`overlong_cut` (completions that reached the limit without a stop token), `overlong_filtered`,
+`overlong_penalized` (samples with a penalty) and `overlong_penalty_mean` (over the batch), as far
+as each is configured. `TrainSink.for_config(cfg)` builds the sink of a run.
 """
 from __future__ import annotations
 
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import numpy as np
 
-from orchestrator.algo import compute_advantages
+from orchestrator.algo import compute_advantages, cut_at_limit, overlong_penalty
 from orchestrator.data.reward_pool import REWARD_ERRORS
 from orchestrator.envs.base import ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS, TURNS_MAX
 from shm.codec import Sequences, concat
@@ -43,7 +54,7 @@ class BatchInfo:
     reward_mean: float
     reward_errors: int       # reward calls that failed and scored 0 (task.reward_on_error=zero)
     consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
-    episode: dict            # multi-turn step-line fields (empty for single-turn groups)
+    episode: dict            # the batch's own step-line fields: multi-turn episodes, overlong counts
     parts: list              # the groups themselves, in completion order
 
 
@@ -56,13 +67,66 @@ def _masked_per_seq(seqs: Sequences) -> np.ndarray:
     return cum[seqs.offsets[1:]] - cum[seqs.offsets[:-1]]
 
 
+@dataclass(frozen=True)
+class Overlong:
+    """DAPO's overlong handling of a run: the limit, the stop ids that end a completion on its own,
+    the filter, and the soft punishment's buffer (None: off) and factor."""
+    max_len: int
+    stop_ids: tuple[int, ...] = ()
+    filter: bool = False
+    buffer_len: Optional[int] = None
+    factor: float = 1.0
+
+    def apply(self, seqs: Sequences, rewards: np.ndarray) -> tuple[Sequences, np.ndarray, dict]:
+        """(seqs with cut completions' loss mask cleared if filtering, rewards shaped for the
+        advantages, step-line counts)."""
+        offsets = np.asarray(seqs.offsets, dtype=np.int64)
+        lengths = np.maximum(np.diff(offsets) - np.asarray(seqs.prompt_lens, dtype=np.int64), 0)
+        last = np.asarray(seqs.tokens)[np.maximum(offsets[1:] - 1, 0)] if seqs.n else np.zeros(0)
+        cut = cut_at_limit(lengths, last, self.max_len, self.stop_ids)
+        fields: dict = {"overlong_cut": int(cut.sum())}
+        if self.filter:
+            drop = np.repeat(cut, np.diff(offsets))
+            mask = np.asarray(seqs.loss_mask).copy()     # the consumed groups keep theirs (ages)
+            fields["overlong_filtered"] = int((cut & (_masked_per_seq(seqs) > 0)).sum())
+            mask[drop] = 0
+            seqs = replace(seqs, loss_mask=mask)
+        if self.buffer_len is not None:
+            penalty = overlong_penalty(lengths, self.max_len, self.buffer_len, self.factor)
+            rewards = rewards + penalty
+            fields["overlong_penalized"] = int((penalty < 0).sum())
+            fields["overlong_penalty_mean"] = float(penalty.mean()) if penalty.size else 0.0
+        return seqs, rewards, fields
+
+    @classmethod
+    def for_config(cls, cfg) -> Optional["Overlong"]:
+        algo = cfg.algo
+        if not algo.overlong_filter and algo.overlong_buffer_len is None:
+            return None
+        stop_ids: tuple[int, ...] = ()
+        if algo.overlong_filter:          # what ends a completion on its own: the model's stop ids
+            from orchestrator.data.tokens import load_tokens
+            stop_ids = load_tokens(cfg.model.path).stop_ids
+        return cls(cfg.rollout.max_new_tokens, stop_ids, algo.overlong_filter,
+                   algo.overlong_buffer_len, algo.overlong_penalty_factor)
+
+
 class TrainSink:
     def __init__(self, batch_size: int, filter_zero_std: bool,
-                 estimator: str = "grpo_population_std", norm_by_std: bool = True):
+                 estimator: str = "grpo_population_std", norm_by_std: bool = True,
+                 overlong: Optional[Overlong] = None):
         self.batch_size = batch_size
         self.filter_zero_std = filter_zero_std
         self.estimator, self.norm_by_std = estimator, norm_by_std
+        self.overlong = overlong
         self.pending: list[Sequences] = []
+
+    @classmethod
+    def for_config(cls, cfg) -> "TrainSink":
+        """The train sink of run config `cfg` (rollout and algo sections)."""
+        r, a = cfg.rollout, cfg.algo
+        return cls(r.consumer_batch_size, r.filter_zero_std, a.advantage, a.norm_by_std,
+                   Overlong.for_config(cfg))
 
     def add(self, group: Sequences) -> None:
         self.pending.append(group)
@@ -74,24 +138,31 @@ class TrainSink:
         groups, self.pending = self.pending[:self.batch_size], self.pending[self.batch_size:]
         consumed = concat(groups, kind=BATCH_KIND, ident=step, version=version)
         rewards = consumed.rewards.astype(np.float64)
-        lengths = _masked_per_seq(consumed)
+        shaped, trained, shaping = rewards, consumed, {}
+        if self.overlong is not None:
+            trained, shaped, shaping = self.overlong.apply(consumed, rewards)
+        lengths = _masked_per_seq(trained)
         live = lengths > 0
         starts = np.cumsum([0] + [g.n for g in groups])
         singles = all(g.n == 1 for g in groups)
         if singles:      # one group of single samples: the batch is their baseline
-            kept = [] if self.filter_zero_std and _flat(rewards, live) else list(range(len(groups)))
+            kept = [] if self.filter_zero_std and _flat(shaped, live) else list(range(len(groups)))
         else:
             kept = [i for i in range(len(groups)) if not (
-                self.filter_zero_std and _flat(rewards[starts[i]:starts[i + 1]], live[starts[i]:starts[i + 1]]))]
+                self.filter_zero_std and _flat(shaped[starts[i]:starts[i + 1]], live[starts[i]:starts[i + 1]]))]
         keep = [groups[i] for i in kept]
         rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in kept] or [np.zeros(0, np.int64)])
         group_index = np.zeros(len(rows), np.int64) if singles else np.repeat(kept, [groups[i].n for i in kept])
-        advantages = compute_advantages(rewards[rows], group_index, self.estimator, self.norm_by_std,
+        advantages = compute_advantages(shaped[rows], group_index, self.estimator, self.norm_by_std,
                                         EPS, lengths[rows]).astype(np.float32)
         if len(keep) == len(groups):     # nothing filtered: the same columns, no second copy
-            batch = replace(consumed, advantages=advantages)
+            batch = replace(trained, advantages=advantages)
         else:
             batch = concat(keep, kind=BATCH_KIND, ident=step, version=version)
+            if trained is not consumed:   # the overlong filter's mask, on the kept rows
+                batch.loss_mask = trained.loss_mask[np.concatenate(
+                    [np.arange(consumed.offsets[r], consumed.offsets[r + 1]) for r in rows]
+                    or [np.zeros(0, np.int64)])]
             batch.advantages = advantages
         per_seq = _masked_per_seq(batch)                   # loss-masked tokens per sample
         info = BatchInfo(step=step, version=version, groups=len(groups),
@@ -99,7 +170,8 @@ class TrainSink:
                          reward_mean=float(rewards.mean()) if rewards.size else 0.0,
                          reward_errors=int(sum(g.scalars[REWARD_ERRORS] for g in groups
                                                if g.scalars.size > REWARD_ERRORS)),
-                         consumed=consumed, episode=_episode_fields(groups), parts=groups)
+                         consumed=consumed, episode={**_episode_fields(groups), **shaping},
+                         parts=groups)
         return batch, info
 
 
