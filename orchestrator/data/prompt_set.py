@@ -51,9 +51,15 @@ def _why(exc: BaseException) -> str:
 
 
 def open_dataset(path: str, what: str):
-    datasets = _quiet_datasets()
-    if not os.path.exists(path):
+    if not os.path.exists(path):      # what needs no `datasets` is checked before importing it
         raise DataError(f"{what}={path}: no such file or directory")
+    builder = None if os.path.isdir(path) else _BUILDERS.get(os.path.splitext(path)[1].lower())
+    if not os.path.isdir(path) and builder is None:
+        raise DataError(f"{what}={path}: unknown format (expected .jsonl, .json, .parquet, .csv "
+                        f"or a `datasets` save_to_disk directory)")
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{what}={path}: not readable")
+    datasets = _quiet_datasets()
     if os.path.isdir(path):
         try:
             ds = datasets.load_from_disk(path)
@@ -66,12 +72,6 @@ def open_dataset(path: str, what: str):
                                 f"(e.g. {os.path.join(path, sorted(ds)[0])})")
             ds = next(iter(ds.values()))
     else:
-        builder = _BUILDERS.get(os.path.splitext(path)[1].lower())
-        if builder is None:
-            raise DataError(f"{what}={path}: unknown format (expected .jsonl, .json, .parquet, .csv "
-                            f"or a `datasets` save_to_disk directory)")
-        if not os.access(path, os.R_OK):
-            raise DataError(f"{what}={path}: not readable")
         try:
             ds = datasets.load_dataset(builder, data_files=os.path.abspath(path), split="train",
                                        cache_dir=os.environ.get("HF_DATASETS_CACHE"))

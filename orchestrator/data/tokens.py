@@ -56,12 +56,14 @@ def quiet_hf():
 
 
 def build_tokenizer(task_name: str = "", path: Optional[str] = None):
-    """Offline tokenizer. `task_name` is accepted for symmetry; every built-in task shares VOCAB."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
+    """Offline tokenizer. `task_name` is accepted for symmetry; every built-in task shares VOCAB.
+    The built-in one imports no `AutoTokenizer` (whose import pulls in torch): a launch validates
+    its input without torch."""
     if path is not None:
+        from transformers import AutoTokenizer
         with quiet_hf():
             return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from transformers import PreTrainedTokenizerFast
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {tok: i for i, tok in enumerate(VOCAB)}
