@@ -268,6 +268,19 @@ class ActorConfig(_Section):
         None, gt=1, description="dual-clip PPO (Ye et al. 2020): a token with negative advantage "
         "loses at most -A x c_clip however far its ratio is (AReaL's name; > 1; None: off; "
         "algo.policy_loss=ppo only)")
+    kl_ctl: float = Field(
+        0.0, ge=0, le=1e6, description="KL-to-reference coefficient (AReaL's name): > 0 loads a "
+        "frozen reference model (actor.ref_path, or the initial weights), sharded like the actor, "
+        "forward only, and adds kl_ctl x the per-token KL (algo.kl_estimator) aggregated by "
+        "algo.loss_agg_mode to the loss; step lines: train_kl_ref_mean (the batch's token-mean KL "
+        "before the update) and train_kl_ref_loss; checkpoints hold its hash, not its weights "
+        "(0: off)")
+    ref_path: Optional[str] = Field(
+        None, description="the reference model of actor.kl_ctl: an HF model directory (a "
+        "checkpoint's trainer/hf/ too); None: the run's initial weights (model.path, or the tiny "
+        "model of run.seed)")
+    ref_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        None, description="dtype the reference model is held and run in (None: model.dtype)")
     use_decoupled_loss: bool = Field(True, description="decoupled PPO objective (proximal policy = recomputed logprobs)")
     recompute_logprob: bool = Field(True, description="recompute logprobs under the current policy before the update")
     behav_imp_weight_cap: Optional[float] = Field(5.0, gt=1, description="cap on the behaviour importance weight (decoupled loss)")
@@ -323,6 +336,13 @@ class ActorConfig(_Section):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise ValueError("must be 'auto', a number > 0 or null (reported only)")
         return float(v)
+
+    @field_validator("ref_path")
+    @classmethod
+    def _ref_is_a_directory(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError("not a directory (an HF-format model directory is expected)")
+        return v
 
     @model_validator(mode="after")
     def _decoupled_needs_recompute(self) -> "ActorConfig":
@@ -629,6 +649,10 @@ class AlgoConfig(_Section):
     correction_threshold_low: Optional[float] = Field(
         None, ge=0, description="mis only: the lower bound of the kept band (None: 0, drop above "
         "only; 1/correction_threshold: a two-sided mask)")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="per-token KL of actor.kl_ctl (orchestrator.algo.kl): k1 (log-ratio), k2 "
+        "(half its square), k3 (exp(-d) - 1 + d, clamped to [-10, 10]: verl's low_var_kl, the "
+        "GRPO paper's estimator)")
     overlong_filter: bool = Field(
         False, description="DAPO's overlong filtering: completions the engine cut at "
         "rollout.max_new_tokens (that length, not ending in a stop token) get no loss-masked token: "
@@ -694,6 +718,16 @@ class Config(_Section):
             raise ValueError(f"algo.loss_horizon={algo.loss_horizon} is the divisor of "
                              f"seq-mean-token-sum-norm; algo.loss_agg_mode={algo.loss_agg_mode} does "
                              f"not read it")
+        if actor.kl_ctl == 0:
+            for key, value, off in (("actor.ref_path", actor.ref_path, None),
+                                    ("actor.ref_dtype", actor.ref_dtype, None),
+                                    ("algo.kl_estimator", algo.kl_estimator, "k3")):
+                if value != off:
+                    raise ValueError(f"{key}={value} belongs to the KL-to-reference term: it needs "
+                                     f"actor.kl_ctl > 0")
+        elif actor.backend != "torch":
+            raise ValueError(f"actor.kl_ctl={actor.kl_ctl} needs a reference model: "
+                             f"actor.backend=torch (got {actor.backend})")
         if algo.overlong_buffer_len is not None and algo.overlong_buffer_len > self.rollout.max_new_tokens:
             raise ValueError(f"algo.overlong_buffer_len={algo.overlong_buffer_len} is longer than "
                              f"rollout.max_new_tokens={self.rollout.max_new_tokens}: the buffer is "

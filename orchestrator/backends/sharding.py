@@ -13,6 +13,10 @@ Contract:
   sharded on dim 0; `ddp` wraps in DistributedDataParallel; `none` returns the model. FSDP2 runs on
   CPU with gloo in this torch (2.13), so the CPU tests run the same sharded path as a GPU.
   `actor.activation_checkpointing` uses transformers' gradient checkpointing (non-reentrant).
+- `share_frozen(model, actor_cfg, group)`: a forward-only model (the KL reference) shared like the
+  actor: `fsdp` applies FSDP2 the same way, in the model's own dtype (its parameters never take a
+  gradient; reshard it after a forward); `ddp` and `none` keep one replica per rank (nothing to
+  synchronise).
 - `shard_writes(model, layout, rank, world, strategy)`: the (slot, byte offset, tensor) pieces this
   rank writes into the flat weight layout (orchestrator.backends.model): under fsdp each rank its own dim-0
   rows of every parameter (FSDP2 chunks dim 0 in ceil(n / world) rows), under ddp or none whole
@@ -125,6 +129,21 @@ def share(model, actor_cfg, group: Optional[RankGroup]):
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def share_frozen(model, actor_cfg, group: Optional[RankGroup]):
+    """The forward-only model as the ranks hold it (see the module contract)."""
+    model.requires_grad_(False)
+    if actor_cfg.strategy != "fsdp":
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(group.device.type, (group.world,))
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 

@@ -25,8 +25,15 @@ Contract (TrainerBackend of base.py):
   backward per micro-batch (gradients accumulate; each micro-batch's aggregate is weighted by its
   share of the batch's `agg_units`, so the loss is the whole batch's whatever the split; packed
   rows are laid out one sequence per row for the loss), clip grad norm to `actor.max_grad_norm`,
-  Adam step. A batch with no loss-masked token, or only zero advantages and no entropy bonus, is
-  skipped (on
+  Adam step. With `actor.kl_ctl` > 0 a frozen reference model (`actor.ref_path`, else the initial
+  weights: model.path or the tiny model of `seed`; in `actor.ref_dtype`), shared like the actor
+  (`sharding.share_frozen`), gives reference logprobs once per step (no grad), and the loss gains
+  kl_ctl x `agg_loss(kl_penalty(logprobs, ref, algo.kl_estimator))`; stats `kl_ref_mean` (the
+  token-mean KL of the first pass, the policy before this step's update: 0 while the policy is the
+  reference) and `kl_ref_loss` (the aggregate, averaged over passes). The reference is not in
+  checkpoints: its hash (`ref_hash`, blake2b of its weights as loaded) is, and `load` refuses a
+  checkpoint trained against another reference. A batch with no loss-masked token, or only zero
+  advantages, no entropy bonus and no KL term, is skipped (on
   every rank alike): no update, stats with loss 0 and skipped 1. Stats (summed over ranks) are
   python floats: loss, clip_frac, dual_clip_frac, ratio_mean, entropy, imp_weight_mean and
   behav_capped_frac (the behaviour weight's mean and the fraction of tokens it truncated or
@@ -49,6 +56,7 @@ Contract (TrainerBackend of base.py):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -60,7 +68,7 @@ import torch
 
 from orchestrator.backends import sharding
 from orchestrator.backends.microbatch import plan
-from orchestrator.algo import agg_loss, agg_units, policy_loss, rollout_correction
+from orchestrator.algo import agg_loss, agg_units, kl_penalty, policy_loss, rollout_correction
 from orchestrator.data.tokens import load_tokens
 from orchestrator.backends.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)
@@ -127,7 +135,7 @@ def token_logprobs(model, t: dict, temperature: float, with_entropy: bool = Fals
     return picked, torch.nn.functional.pad(entropy, (1, 0))
 
 
-AGGREGATES = ("loss", "entropy")     # step stats that are the batch's aggregate (weighted by units)
+AGGREGATES = ("loss", "entropy", "kl_ref_loss")     # step stats that are the batch's aggregate (weighted by units)
 
 
 def _sequence_rows(t: dict):
@@ -165,8 +173,28 @@ class TorchTrainer:
         self.module = sharding.unwrap(self.model)     # the HF model (its parameters may be shards)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=actor_cfg.lr)
         self.steps = 0
+        self.ref, self.ref_hash = None, None
+        if actor_cfg.kl_ctl > 0:
+            self.ref, self.ref_hash = self._reference(model_cfg, seed)
         if actor_cfg.pack_sequences:
             self._check_packing()
+
+    def _reference(self, model_cfg, seed: int):
+        """The frozen reference model of the KL term, shared like the actor, and its hash."""
+        update = {"dtype": self.cfg.ref_dtype or model_cfg.dtype}
+        if self.cfg.ref_path is not None:
+            update["path"] = self.cfg.ref_path
+        module = build_model(model_cfg.model_copy(update=update), len(self.tokens.tokenizer), seed)
+        digest = weights_hash(module)
+        ref = sharding.share_frozen(module.to(self.device), self.cfg, self.group)
+        return ref.eval(), digest
+
+    @torch.no_grad()
+    def _ref_logprobs(self, parts: list[dict]) -> list[torch.Tensor]:
+        out = [token_logprobs(self.ref, t, self.temperature) for t in parts]
+        if self.strategy == "fsdp":
+            self.ref.reshard()
+        return out
 
     @torch.no_grad()
     def _check_packing(self) -> None:
@@ -258,7 +286,7 @@ class TorchTrainer:
                 "sequences": float(batch.n), "skipped": 1.0, "steps": float(self.steps)}
         coef = self.cfg.entropy_coef
         signal = bool((np.asarray(batch.advantages)[per_seq > 0] != 0).any())
-        if n_tok == 0 or (coef == 0 and not signal):     # the same decision on every rank
+        if n_tok == 0 or (coef == 0 and not signal and self.ref is None):   # alike on every rank
             return base
 
         algo, mode = self.algo, self.algo.loss_agg_mode
@@ -308,13 +336,15 @@ class TorchTrainer:
                 sums[1] += st["hit_frac"] * shares[m]
             fixed = dict(zip(("imp_weight_mean", "behav_capped_frac"), self._reduce(sums)))
 
+        ref_lp = self._ref_logprobs(parts) if self.ref is not None else None
         lr = self.lr_at(batch.ident)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
         clip_high = self.cfg.eps_clip_higher if self.cfg.eps_clip_higher is not None else self.cfg.eps_clip
         totals: dict[str, float] = {}
-        for _ in range(self.cfg.ppo_epochs):
+        kl_first: dict[str, float] = {}
+        for epoch in range(self.cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             for m, t in enumerate(parts):
@@ -328,6 +358,13 @@ class TorchTrainer:
                     entropy = agg_loss(r(ent), r(t["mask"]), mode, algo.loss_horizon)
                     if coef:
                         loss = loss - coef * entropy   # keeps exploring once groups stop disagreeing
+                    if ref_lp is not None:
+                        mask = r(t["mask"])
+                        kl = kl_penalty(r(lp), r(ref_lp[m]), algo.kl_estimator)
+                        kl_loss = agg_loss(kl, mask, mode, algo.loss_horizon)
+                        loss = loss + self.cfg.kl_ctl * kl_loss
+                        stats["kl_ref_loss"] = float(kl_loss.detach())
+                        stats["kl_ref_mean"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
                     # ranks' gradients are averaged: x world makes the sum over ranks the batch loss
                     (loss * (weights[m] * self.world)).backward()
                 stats["entropy"] = float(entropy.detach())
@@ -338,13 +375,16 @@ class TorchTrainer:
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
             sums["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+            if epoch == 0 and "kl_ref_mean" in sums:     # the policy before this step's update
+                kl_first["kl_ref_mean"] = sums.pop("kl_ref_mean")
+            sums.pop("kl_ref_mean", None)
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + v
         self.model.eval()
         self.steps += 1
         out = {k: v / self.cfg.ppo_epochs for k, v in totals.items()}
         out.update(fixed, tokens=float(n_tok), sequences=float(batch.n), skipped=0.0,
-                   steps=float(self.steps), lr=lr, **mismatch)
+                   steps=float(self.steps), lr=lr, **mismatch, **kl_first)
         return out
 
     def _correction(self) -> Optional[tuple]:
@@ -410,6 +450,8 @@ class TorchTrainer:
         writes `hf/`, `trainer_state.pt` and `ranks.json`. When rank 0's `write` returns, every
         rank's part is on disk."""
         state = _to_cpu({"steps": self.steps, **self._rng()})
+        if self.ref_hash is not None:
+            state["ref_hash"] = self.ref_hash
         module, tokenizer = self.module, self.tokens.tokenizer
         if self.group is None:
             weights = _to_cpu(self.module.state_dict())
@@ -451,6 +493,9 @@ class TorchTrainer:
         if os.path.exists(os.path.join(directory, RANKS_FILE)):
             raise ValueError(f"checkpoint {directory} was written by {_ranks(directory)}: resume "
                              f"with the same actor.num_ranks / actor.devices")
+        state = torch.load(os.path.join(directory, OPTIM_FILE), map_location=self.device,
+                           weights_only=True)
+        self._check_reference(state, directory)           # before anything is changed
         tensors = read_weights(directory)
         params = dict(self.model.named_parameters())
         if set(tensors) != set(params):
@@ -460,8 +505,6 @@ class TorchTrainer:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(tensors[name])
-        state = torch.load(os.path.join(directory, OPTIM_FILE), map_location=self.device,
-                           weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self._restore(state)
 
@@ -473,9 +516,18 @@ class TorchTrainer:
         if saved != {"world_size": self.world, "sharding": self.strategy}:
             raise ValueError(f"checkpoint {directory} was written by {_ranks(directory)}, this run "
                              f"has {self.world} ranks sharded by {self.strategy}")
+        state = torch.load(os.path.join(directory, RANK_STATE), map_location="cpu", weights_only=True)
+        self._check_reference(state, directory)
         sharding.load_sharded(directory, self.model, self.optimizer)
-        self._restore(torch.load(os.path.join(directory, RANK_STATE), map_location="cpu",
-                                 weights_only=True))
+        self._restore(state)
+
+    def _check_reference(self, state: dict, directory: str) -> None:
+        """A checkpoint trained against a KL reference resumes only against the same one."""
+        saved = state.get("ref_hash")
+        if saved is not None and self.ref_hash is not None and saved != self.ref_hash:
+            raise ValueError(f"checkpoint {directory} was trained against another KL reference "
+                             f"model (weights hash {saved[:16]}, this run's {self.ref_hash[:16]}): "
+                             f"resume with the same actor.ref_path / model")
 
     def _restore(self, state: dict) -> None:
         self.steps = int(state["steps"])
@@ -488,6 +540,17 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.group is not None:
             self.group.close()
+
+
+def weights_hash(module) -> str:
+    """blake2b (hex) of a model's state dict as held: names, dtypes, shapes and bytes, in name
+    order (a tied alias hashes its tensor again)."""
+    h = hashlib.blake2b(digest_size=32)
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def _to_cpu(tree):

@@ -47,12 +47,28 @@ def test_horizon_defaults_to_max_new_tokens_for_the_norm_mode():
     (["algo.correction_threshold_low=3.0", "algo.rollout_correction=mis",
       "actor.use_decoupled_loss=false"], ["algo.correction_threshold_low", "algo.correction_threshold"]),
     (["algo.loss_horizon=8"], ["algo.loss_horizon", "algo.loss_agg_mode"]),
+    (["algo.kl_estimator=k1"], ["algo.kl_estimator", "actor.kl_ctl"]),
+    (["actor.ref_dtype=bfloat16"], ["actor.ref_dtype", "actor.kl_ctl"]),
+    (["actor.kl_ctl=0.1", "actor.backend=sim", "inference.backend=sim"], ["actor.kl_ctl", "actor.backend"]),
 ])
 def test_combinations_that_cannot_work_name_both_keys(overrides, names):
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)
     for name in names:
         assert name in str(err.value)
+
+
+def test_ref_path_must_be_a_model_directory(tmp_path):
+    with pytest.raises(ConfigError, match="actor.ref_path"):
+        load_config(None, ["actor.kl_ctl=0.1", f"actor.ref_path={tmp_path / 'nope'}"])
+    with pytest.raises(ConfigError, match="actor.ref_path.*actor.kl_ctl"):
+        load_config(None, [f"actor.ref_path={tmp_path}"])
+    assert load_config(None, ["actor.kl_ctl=0.1", f"actor.ref_path={tmp_path}"]).actor.ref_path == str(tmp_path)
+
+
+def test_kl_estimator_names_are_the_registrys():
+    from orchestrator.algo import KL_ESTIMATORS
+    assert _choices("kl_estimator") == set(KL_ESTIMATORS)
 
 
 @pytest.mark.parametrize("override", ["actor.c_clip=1.0", "algo.advantage=gae",
