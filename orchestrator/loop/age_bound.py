@@ -25,11 +25,18 @@ Contract (`AgeBound(M, workers, version)`, owned by the event loop, which acts o
 - Counters since the last step line: `aborted` (rollouts aborted in flight), `dropped` (finished
   groups dropped), `wasted_tokens` (loss-masked tokens of dropped groups and of aborted rollouts
   whose result arrived anyway); `take_counts()` returns and resets them, with `aborts_pending`.
+
+`enforce(bound, version, dispatcher, gate, sink)` is the loop's action on those answers before it
+builds a batch at `version`: doomed requests are cancelled and aborted on their workers (never
+waiting on one: `Dispatcher.control`) and counted as rejections; finished groups too old for the
+batch leave the sink and are counted as dropped. It returns the request ids whose prompts the loop
+admits again.
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from orchestrator import messages
 from orchestrator.algo.stamp import group_head
 from shm.codec import Sequences
 
@@ -136,3 +143,22 @@ class AgeBound:
                "aborts_pending": self.pending_aborts()}
         self.aborted = self.dropped = self.wasted_tokens = 0
         return out
+
+
+def enforce(bound: AgeBound, version: int, dispatcher, gate, sink) -> list[int]:
+    readmit = []
+    for rid in bound.doomed(version):
+        entry = dispatcher.cancel(rid)
+        if entry is not None:
+            dispatcher.control(entry[0], messages.Abort(request_id=rid))
+        gate.on_rejected()
+        readmit.append(rid)
+    keep = []
+    for g in sink.pending:
+        if bound.too_old(g, version):
+            gate.on_dropped()
+            readmit.append(g.ident)
+        else:
+            keep.append(g)
+    sink.pending = keep
+    return readmit

@@ -24,18 +24,19 @@ import numpy as np
 
 from orchestrator import messages
 from orchestrator.run import checkpoint
-from orchestrator.loop.age_bound import AgeBound
+from orchestrator.loop.checkpoints import CheckpointBook, reusable
+from orchestrator.loop.step_lines import check_mismatch, check_resume_bound, step_fields
+from orchestrator.loop.age_bound import AgeBound, enforce
 from orchestrator.wire import recv, send
 from orchestrator.data.budgets import episode_tokens
 from orchestrator.config import Config
-from orchestrator.run.durable import sync_files, write_record
+from orchestrator.run.durable import write_record
 from orchestrator.loop.dispatcher import Dispatcher
 from orchestrator.errors import EmptyBatches, RunFailed, WorkerFatal, worker_name
 from orchestrator.loop.eval_sink import EvalSink
 from orchestrator.loop.gate import StalenessGate
 from orchestrator.observe.metrics import MetricsLog
 from orchestrator.loop.prompts import PromptCursor
-from orchestrator.algo.stamp import age_parts, age_summary, sequence_stamps, stamp, token_ages
 from orchestrator.loop.train_sink import BatchInfo, TrainSink
 from orchestrator.loop.validate import check_rollout
 from orchestrator.loop.watcher import WeightWatcher
@@ -43,19 +44,6 @@ from shm.codec import decode, encode
 
 log = logging.getLogger("orchestrator.loop.event_loop")
 IDLE_WAIT_S = 0.05
-MISMATCH = ("logprob_diff_mean", "logprob_diff_max")    # trainer stats promoted to the step line
-
-
-def check_mismatch(step: int, stats: dict, limit) -> None:
-    """Fail the run (exit 1) when the trainer's logprob_diff_mean exceeds actor.logprob_diff_limit."""
-    diff = stats.get("logprob_diff_mean")
-    if limit is None or diff is None or diff <= limit:
-        return
-    raise RunFailed(
-        f"step {step}: inference and trainer logprobs differ by {diff:.3g} on average (max "
-        f"{stats.get('logprob_diff_max', diff):.3g}) over {int(stats.get('logprob_diff_tokens', 0))} "
-        f"tokens sampled by the weights the trainer holds, above actor.logprob_diff_limit={limit:g}: "
-        f"inference is not sampling from the trained weights (weight load, dtype or kernels)", 1)
 
 
 @dataclass
@@ -75,8 +63,7 @@ class EventLoop:
         self.gate = StalenessGate(r.max_head_offpolicyness, r.consumer_batch_size, r.concurrency,
                                   version=self.counter.get)
         self.dispatcher = Dispatcher(res.inference_req, r.queue_size)
-        self.sink = TrainSink(r.consumer_batch_size, r.filter_zero_std, cfg.algo.advantage,
-                              cfg.algo.norm_by_std)
+        self.sink = TrainSink.for_config(cfg)
         self.eval_sink = EvalSink()
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task
@@ -96,15 +83,11 @@ class EventLoop:
         self.admitted_since_step = 0
         self.admitted_total = 0
         self.empty_run = 0
-        self.pending_ckpt: dict[int, str] = {}    # requested, the trainer has not saved yet
-        self.to_commit: dict[int, str] = {}       # saved, committed once its step lines are durable
+        self.ckpts = CheckpointBook(run_dir, cfg.run, metrics, res.trainer_req, start_step)
         self.lines_written = start_step           # last step whose step line is written
-        self.unsynced: list[str] = []             # batch files not fsynced yet (synced at commit)
         self.redispatched: set[int] = set()       # request ids put back after a worker died
         m = r.max_observed_offpolicyness          # the hard age bound (None: the gate alone)
         self.bound = AgeBound(m, len(res.inference_req), start_step) if m is not None else None
-        self.last_ckpt = start_step
-        self.batches_pruned = 0                   # batch files of steps <= this are deleted
         self.abort = False
         self.reused = 0
         self.last_eval = start_step
@@ -146,7 +129,7 @@ class EventLoop:
         elif isinstance(msg, messages.StepDone):
             self._on_step_done(msg)
         elif isinstance(msg, messages.CheckpointSaved):
-            self._on_checkpoint_saved(msg)
+            self.ckpts.saved(msg.step, self.lines_written)
         elif isinstance(msg, messages.Ready) and msg.role == "inference":
             self._revive(msg.index)
 
@@ -280,8 +263,9 @@ class EventLoop:
                 continue
             self.sink.add(group)
         while True:
-            if self.bound is not None:
-                self._enforce_bound()
+            if self.bound is not None:     # the next batch trains at version `built`
+                for rid in enforce(self.bound, self.built, self.dispatcher, self.gate, self.sink):
+                    self._readmit(rid)
             if not (self.sink.ready() and self.built < self.cfg.run.total_steps):
                 break
             step = self.built + 1
@@ -292,31 +276,11 @@ class EventLoop:
             record = encode(batch)         # persisted, then shipped as is (never mutated)
             path = os.path.join(self.run_dir, "batches", f"step_{step:08d}.rec")
             write_record(path, record, durable=False, compress=self.cfg.run.batch_compression)
-            self.unsynced.append(path)
+            self.ckpts.note_batch(path)
             self.parked.append(Parked(step, record, info, time.monotonic()))
             self.built = step
             n += 1
         return n
-
-    def _enforce_bound(self) -> None:
-        """The next batch trains at version `built`: abort the rollouts in flight that can no longer
-        meet the hard bound and drop finished ones that would be trained too old; their prompts
-        are admitted again (orchestrator.loop.age_bound)."""
-        version = self.built
-        for rid in self.bound.doomed(version):
-            entry = self.dispatcher.cancel(rid)
-            if entry is not None:          # never waits on the worker (Dispatcher.control)
-                self.dispatcher.control(entry[0], messages.Abort(request_id=rid))
-            self.gate.on_rejected()
-            self._readmit(rid)
-        keep = []
-        for g in self.sink.pending:
-            if self.bound.too_old(g, version):
-                self.gate.on_dropped()
-                self._readmit(g.ident)
-            else:
-                keep.append(g)
-        self.sink.pending = keep
 
     def _readmit(self, request_id: int) -> None:
         self.redispatched.discard(request_id)
@@ -390,33 +354,19 @@ class EventLoop:
                 return
             del self.step_info[step]
             self._write_step(info, done, parked)
-        self._try_commit()
+        self.ckpts.commit_ready(self.lines_written)
 
     def _write_step(self, info: BatchInfo, done: messages.StepDone, parked: float) -> None:
-        c = info.consumed
-        heads, tails, live = sequence_stamps(c.offsets, c.versions, c.loss_mask)
-        ages = age_summary(info.version - heads[live])
-        tokens = age_summary(token_ages(info.version, c.versions, c.loss_mask))
+        fields, ages = step_fields(info, done)
         first_after_resume = self.resumed and done.step == self.start_step + 1
-        bound = (self.cfg.rollout.max_head_offpolicyness + 1) * self.cfg.rollout.consumer_batch_size
-        if first_after_resume and self.admitted_since_step > bound:
-            raise RunFailed(f"resume lost the staleness bound: {self.admitted_since_step} admissions "
-                            f"before the first step, more than (S+1)*B={bound}")
+        r = self.cfg.rollout
+        if first_after_resume:
+            check_resume_bound(self.admitted_since_step, r.max_head_offpolicyness, r.consumer_batch_size)
         self.metrics.write(
-            "step", step=done.step, version=info.version, admitted=self.admitted_since_step,
-            **ages, token_age_p99=tokens["age_p99"], token_age_mean=tokens["age_mean"],
-            trainable=info.trainable, trainable_tokens=info.trainable_tokens,
+            "step", **fields, admitted=self.admitted_since_step, resumed=first_after_resume,
             out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
             parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
-            reward_mean=info.reward_mean, reward_errors=info.reward_errors,
-            loss=done.stats.get("loss"), **{k: done.stats.get(k) for k in MISMATCH},
-            resumed=first_after_resume,
-            train_s=done.train_s, groups=info.groups,
-            spanning=int((live & (heads != tails)).sum()), not_live=int((~live).sum()),
-            **age_parts(info.version, heads[live], tails[live]),
-            **info.episode,
-            **(self.bound.take_counts() if self.bound is not None else {}),
-            **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})
+            **(self.bound.take_counts() if self.bound is not None else {}))
         self.admitted_since_step = 0
         self.lines_written = done.step
         check_mismatch(done.step, done.stats, self.cfg.actor.logprob_diff_limit)
@@ -436,69 +386,24 @@ class EventLoop:
 
     # ------------------------------------------------------------------ checkpoints
     def request_checkpoint(self, step: int) -> None:
-        tmp = checkpoint.begin(self.run_dir, step)
         finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
         redo = sorted(set(self.request_index.values()))
-        checkpoint.write_state(tmp, {
-            "step": step, "version": step, "gate": self.gate.state_dict(),
-            "cursor": self.cursor.cursor, "redo": redo + list(self.cursor.redo),
-            "seed": self.cfg.run.seed, "time": time.time(),
-            "data": self.task.identity,
-            "config": self.cfg.model_dump(mode="json")},
+        self.ckpts.request(step, {
+            "gate": self.gate.state_dict(), "cursor": self.cursor.cursor,
+            "redo": redo + list(self.cursor.redo), "seed": self.cfg.run.seed,
+            "data": self.task.identity, "config": self.cfg.model_dump(mode="json")},
             [(self.request_index[g.ident], g) for g in finished])
-        send(self.res.trainer_req, messages.SaveCheckpoint(step=step, directory=os.path.join(tmp, "trainer")))
-        self.pending_ckpt[step] = tmp
-
-    def _on_checkpoint_saved(self, msg: messages.CheckpointSaved) -> None:
-        tmp = self.pending_ckpt.pop(msg.step, None)
-        if tmp is not None:
-            self.to_commit[msg.step] = tmp
-            self._try_commit()
-
-    def _try_commit(self) -> None:
-        """Commit saved checkpoints whose step lines are written, after making those lines and the
-        persisted batches durable: a checkpoint never covers a step whose line or batch a kill or a
-        host crash could still lose."""
-        ready = [s for s in sorted(self.to_commit) if s <= self.lines_written]
-        if not ready:
-            return
-        self.metrics.sync()
-        sync_files(self.unsynced)         # the batches it covers, too (one fsync per file, here)
-        self.unsynced.clear()
-        for step in ready:
-            checkpoint.commit(self.to_commit.pop(step))
-            self.last_ckpt = max(self.last_ckpt, step)
-        run = self.cfg.run
-        removed = checkpoint.prune(self.run_dir, run.keep_checkpoints, run.keep_checkpoint_every)
-        if removed:
-            log.info("removed checkpoints of steps %s (run.keep_checkpoints=%s)", removed,
-                     run.keep_checkpoints)
-        if run.keep_batches is not None:    # covered by a committed checkpoint: no resume needs them
-            upto = self.last_ckpt - run.keep_batches
-            for k in range(self.batches_pruned + 1, upto + 1):
-                try:
-                    os.remove(os.path.join(self.run_dir, "batches", f"step_{k:08d}.rec"))
-                except FileNotFoundError:
-                    pass
-            self.batches_pruned = max(self.batches_pruned, upto)
 
     def reuse_rollouts(self, ckpt_dir: str, state: dict) -> None:
         """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint
-        go straight to the sink when their head is within the bound; the rest are regenerated."""
+        go straight to the sink when their head is within the bound (`checkpoints.reusable`) and
+        the gate has room; the rest are regenerated."""
         finished = checkpoint.load_finished(ckpt_dir, state)
-        version, S = self.counter.get(), self.cfg.rollout.max_head_offpolicyness
+        version, r = self.counter.get(), self.cfg.rollout
         redo = []
-        longest = self.cfg.rollout.max_new_tokens     # a resume may have lowered it
         for index, part in finished:
-            heads = [st.head for i in range(part.n)
-                     if (st := stamp(part.versions[part.seq(i)], part.loss_mask[part.seq(i)]))]
-            if self.episode_tokens is not None:          # multi-turn: the episode budget
-                fits = all(part.seq(i).stop - part.seq(i).start <= self.episode_tokens
-                           for i in range(part.n))
-            else:
-                fits = all(part.seq(i).stop - part.seq(i).start - int(part.prompt_lens[i]) <= longest
-                           for i in range(part.n))
-            if heads and fits and version - min(heads) <= S and self.gate.capacity() > 0:
+            if reusable(part, version, r.max_head_offpolicyness, self.episode_tokens, r.max_new_tokens) \
+                    and self.gate.capacity() > 0:
                 part.ident = rid = self.next_request
                 self.next_request += 1
                 self.request_index[rid] = index
@@ -515,15 +420,15 @@ class EventLoop:
     # ------------------------------------------------------------------ main
     def finished(self) -> bool:
         return (self.trained >= self.cfg.run.total_steps and self.outstanding is None
-                and not self.pending_ckpt and not self.to_commit and self.watcher.target is None
+                and self.ckpts.idle and self.watcher.target is None
                 and self.counter.get() >= self.cfg.run.total_steps
                 and not self.eval_sink.active)
 
     def drained(self) -> bool:
         """After a stop request: nothing in flight, nothing shippable, trainer idle, checkpointed."""
         idle = (not self.dispatcher.inflight and self.outstanding is None and not self.parked
-                and self.watcher.target is None and not self.pending_ckpt and not self.to_commit)
-        if idle and self.last_ckpt < self.trained:
+                and self.watcher.target is None and self.ckpts.idle)
+        if idle and self.ckpts.last_ckpt < self.trained:
             self.request_checkpoint(self.trained)
             return False
         return idle

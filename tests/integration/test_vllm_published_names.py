@@ -71,7 +71,7 @@ def test_without_the_checks_the_default_logprob_diff_limit_fails_the_run(tmp_pat
     from orchestrator.backends.torch_inference import Row, build_sequences
     from orchestrator.backends.torch_trainer import TorchTrainer
     from orchestrator.data.tokens import load_tokens
-    from orchestrator.loop.event_loop import check_mismatch
+    from orchestrator.loop.step_lines import check_mismatch
     from orchestrator.errors import RunFailed
 
     model = qwen3_with_attention_bias(tmp_path / "qwen3")

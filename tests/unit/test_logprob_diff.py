@@ -8,7 +8,7 @@ import pytest
 from orchestrator.backends.base import GenRequest
 from orchestrator.config import ActorConfig, InferenceConfig, ModelConfig, RolloutConfig, TaskConfig
 from orchestrator.errors import RunFailed
-from orchestrator.loop.event_loop import check_mismatch
+from orchestrator.loop.step_lines import check_mismatch
 from shm.codec import concat
 from tests.workload import DigitTask
 

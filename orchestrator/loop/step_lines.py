@@ -1,0 +1,58 @@
+"""What a trained step reports: the fields of its `kind: step` line, and the checks made on them.
+
+- `step_fields(info, done) -> (fields, ages)`: the fields a step line takes from its batch
+  (`BatchInfo`: versions, rewards, episodes) and the trainer's `StepDone` (loss, stats, time):
+  the observed head age over live loss-masked tokens (`age_max`, `age_p99`, `age_mean`), per-token
+  ages, head/tail spans, and the trainer's stats (`logprob_diff_*` promoted, the rest as
+  `train_<name>`). `ages` is the head-age summary the metrics ticks repeat.
+- `check_mismatch(step, stats, limit)`: fail the run (exit 1) when the trainer's
+  `logprob_diff_mean` exceeds `actor.logprob_diff_limit`.
+- `check_resume_bound(admitted, S, B)`: the first step after a resume admitted at most (S+1)*B
+  prompts, or the run fails loudly (the recovery adjustment was lost).
+"""
+from __future__ import annotations
+
+from orchestrator import messages
+from orchestrator.algo.stamp import age_parts, age_summary, sequence_stamps, token_ages
+from orchestrator.errors import RunFailed
+from orchestrator.loop.train_sink import BatchInfo
+
+MISMATCH = ("logprob_diff_mean", "logprob_diff_max")    # trainer stats promoted to the step line
+
+
+def check_mismatch(step: int, stats: dict, limit) -> None:
+    """Fail the run (exit 1) when the trainer's logprob_diff_mean exceeds actor.logprob_diff_limit."""
+    diff = stats.get("logprob_diff_mean")
+    if limit is None or diff is None or diff <= limit:
+        return
+    raise RunFailed(
+        f"step {step}: inference and trainer logprobs differ by {diff:.3g} on average (max "
+        f"{stats.get('logprob_diff_max', diff):.3g}) over {int(stats.get('logprob_diff_tokens', 0))} "
+        f"tokens sampled by the weights the trainer holds, above actor.logprob_diff_limit={limit:g}: "
+        f"inference is not sampling from the trained weights (weight load, dtype or kernels)", 1)
+
+
+def check_resume_bound(admitted: int, max_staleness: int, batch_size: int) -> None:
+    bound = (max_staleness + 1) * batch_size
+    if admitted > bound:
+        raise RunFailed(f"resume lost the staleness bound: {admitted} admissions "
+                        f"before the first step, more than (S+1)*B={bound}")
+
+
+def step_fields(info: BatchInfo, done: messages.StepDone) -> tuple[dict, dict]:
+    c = info.consumed
+    heads, tails, live = sequence_stamps(c.offsets, c.versions, c.loss_mask)
+    ages = age_summary(info.version - heads[live])
+    tokens = age_summary(token_ages(info.version, c.versions, c.loss_mask))
+    fields = dict(
+        step=done.step, version=info.version, **ages,
+        token_age_p99=tokens["age_p99"], token_age_mean=tokens["age_mean"],
+        trainable=info.trainable, trainable_tokens=info.trainable_tokens,
+        reward_mean=info.reward_mean, reward_errors=info.reward_errors,
+        loss=done.stats.get("loss"), **{k: done.stats.get(k) for k in MISMATCH},
+        train_s=done.train_s, groups=info.groups,
+        spanning=int((live & (heads != tails)).sum()), not_live=int((~live).sum()),
+        **age_parts(info.version, heads[live], tails[live]),
+        **info.episode,
+        **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})
+    return fields, ages
