@@ -1,4 +1,4 @@
-"""Names and sizes of every shared-memory object of one run.
+"""Names, sizes and the objects themselves: every shared-memory object of one run.
 
 The supervisor creates (and later unlinks) everything named here; workers attach by name. All names
 start with `arl_<run_id>_` so the startup sweeper can find segments of dead runs (`RunNames`).
@@ -15,15 +15,26 @@ REQ_RING_PROMPTS prompts), never below the fixed minimums, so small configs get 
 `weight_nbytes(cfg)` is the weight buffer's size (the supervisor creates it with this; importing
 torch only for torch backends); `shm_need(cfg, sizes, weight_nbytes)` the /dev/shm bytes the whole
 run takes, by part (preflight compares it with the free space).
+
+`create_resources(names, weight_nbytes, sizes, trainer_ranks) -> Resources` creates them all (the
+version counter, the doorbell, the weight buffer, every ring) or, on any failure, frees what it
+made and raises. `Resources` owns each object it holds (`own`, `disown`: close + unlink), makes a
+restarted worker's fresh rings (`inference_rings`) and words (`fresh_words`: progress and liveness),
+and `free_resources(res)` closes and unlinks everything in reverse creation order, logging (not
+raising) what fails so the rest is still freed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator import messages
+from orchestrator.wire import Bell
 from orchestrator.data.budgets import episode_tokens, max_completion_tokens, max_prompt_tokens
 from shm.segments import PAGE, segment_name, sem_name
+
+log = logging.getLogger("orchestrator.runtime.resources")
 
 # minimum ring capacities (what every ring had before sizes followed the config)
 REQ_RING_BYTES = 1 << 20        # supervisor -> worker control + prompts
@@ -151,3 +162,87 @@ class RunNames:
         """A worker's liveness word: monotonic milliseconds stamped by its own thread
         (`orchestrator.runtime.liveness`)."""
         return self._n(f"lv_{role}{index}g{gen}")
+
+
+@dataclass
+class Resources:
+    names: RunNames
+    bell: Optional[Bell] = None
+    counter: object = None
+    weights: object = None
+    inference_req: list = field(default_factory=list)
+    inference_out: list = field(default_factory=list)
+    inference_ctl: list = field(default_factory=list)
+    trainer_req: object = None
+    trainer_ctl: object = None                    # trainer rank 0 (the one that reports)
+    rank_ctl: list = field(default_factory=list)  # trainer ranks 1.. (Ready, Fatal)
+    batches: object = None
+    heartbeats: dict = field(default_factory=dict)   # (role, index) -> progress SharedCounter
+    liveness: dict = field(default_factory=dict)     # (role, index) -> liveness SharedCounter
+    owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
+    sizes: RingSizes = field(default_factory=RingSizes)   # ring capacities (resources.ring_sizes)
+
+    def own(self, obj):
+        self.owned.append(obj)
+        return obj
+
+    def disown(self, obj) -> None:
+        self.owned.remove(obj)
+        _free(obj)
+
+    def fresh_words(self, role: str, i: int, gen: int = 0) -> None:
+        """Fresh progress and liveness words for worker (role, i) of restart generation `gen`."""
+        from shm.counter import SharedCounter
+        for words, name in ((self.heartbeats, self.names.heartbeat), (self.liveness, self.names.liveness)):
+            old = words.get((role, i))
+            words[(role, i)] = self.own(SharedCounter.create(name(role, i, gen)))
+            if old is not None:
+                self.disown(old)
+
+    def inference_rings(self, i: int, gen: int) -> tuple:
+        from shm.ring import Ring
+        n = self.names
+        return (self.own(Ring.create(n.req("inference", i, gen), self.sizes.req)),
+                self.own(Ring.create(n.out(i, gen), self.sizes.out)),
+                self.own(Ring.create(n.ctl("inference", i, gen), self.sizes.ctl)))
+
+
+def _free(obj) -> None:
+    for fn in ("close", "unlink"):
+        try:
+            getattr(obj, fn)()
+        except Exception as exc:      # keep freeing the rest
+            log.warning("freeing %r: %s", obj, exc)
+
+
+def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = RingSizes(),
+                     trainer_ranks: int = 1) -> Resources:
+    from shm.counter import SharedCounter
+    from shm.ring import Ring
+    from shm.weights import WeightBuffer
+
+    res = Resources(names, sizes=sizes)
+    try:
+        res.counter = res.own(SharedCounter.create(names.version))
+        res.bell = res.own(Bell.create(names.bell))
+        res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
+        for i in range(names.num_inference):
+            req, out, ctl = res.inference_rings(i, 0)
+            res.inference_req.append(req)
+            res.inference_out.append(out)
+            res.inference_ctl.append(ctl)
+        res.trainer_req = res.own(Ring.create(names.req("trainer", 0), REQ_RING_BYTES))
+        res.trainer_ctl = res.own(Ring.create(names.ctl("trainer", 0), sizes.ctl))
+        res.rank_ctl = [res.own(Ring.create(names.ctl("trainer", r), sizes.ctl))
+                        for r in range(1, trainer_ranks)]
+        res.batches = res.own(Ring.create(names.batches, sizes.batch))
+    except BaseException:
+        free_resources(res)
+        raise
+    return res
+
+
+def free_resources(res: Resources) -> None:
+    for obj in reversed(res.owned):
+        _free(obj)
+    res.owned.clear()

@@ -4,7 +4,7 @@
 `arl_<run_id>_*`), spawns the trainer ranks (`actor.devices` / `actor.num_ranks`; a free rendezvous
 port and the torch.distributed environment, no torchrun) and the inference workers (spawn start
 method, disjoint devices),
-waits for them to report ready, recovers from a checkpoint if resuming, runs the event thread and
+waits for them to report ready, recovers from a checkpoint if resuming (`orchestrator.runtime.resume`), runs the event thread and
 the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
 (workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
 directory (`orchestrator.runtime.scratch`: workers' temporary files). A dead inference worker is restarted
@@ -40,13 +40,13 @@ import secrets
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator import messages
-from orchestrator.runtime import liveness, rank_failures, scratch
-from orchestrator.wire import Bell, recv, send
-from orchestrator.runtime.resources import REQ_RING_BYTES, RingSizes, RunNames, ring_sizes, weight_nbytes
+from orchestrator.runtime import liveness, rank_failures, resume, scratch
+from orchestrator.wire import recv, send
+from orchestrator.runtime.resources import (Resources, RunNames, create_resources, free_resources, ring_sizes,
+                                            weight_nbytes)
 from orchestrator.config import Config
 from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
@@ -59,81 +59,6 @@ from orchestrator.runtime.worker_base import WorkerSpec
 
 log = logging.getLogger("orchestrator.runtime.supervisor")
 SINKS_CLOSE_S = 10.0        # at most this long (and never past the shutdown deadline) to flush sinks
-
-
-@dataclass
-class Resources:
-    names: RunNames
-    bell: Optional[Bell] = None
-    counter: object = None
-    weights: object = None
-    inference_req: list = field(default_factory=list)
-    inference_out: list = field(default_factory=list)
-    inference_ctl: list = field(default_factory=list)
-    trainer_req: object = None
-    trainer_ctl: object = None                    # trainer rank 0 (the one that reports)
-    rank_ctl: list = field(default_factory=list)  # trainer ranks 1.. (Ready, Fatal)
-    batches: object = None
-    heartbeats: dict = field(default_factory=dict)   # (role, index) -> progress SharedCounter
-    liveness: dict = field(default_factory=dict)     # (role, index) -> liveness SharedCounter
-    owned: list = field(default_factory=list)     # everything to close + unlink, in creation order
-    sizes: RingSizes = field(default_factory=RingSizes)   # ring capacities (resources.ring_sizes)
-
-    def own(self, obj):
-        self.owned.append(obj)
-        return obj
-
-    def disown(self, obj) -> None:
-        self.owned.remove(obj)
-        _free(obj)
-
-    def inference_rings(self, i: int, gen: int) -> tuple:
-        from shm.ring import Ring
-        n = self.names
-        return (self.own(Ring.create(n.req("inference", i, gen), self.sizes.req)),
-                self.own(Ring.create(n.out(i, gen), self.sizes.out)),
-                self.own(Ring.create(n.ctl("inference", i, gen), self.sizes.ctl)))
-
-
-def _free(obj) -> None:
-    for fn in ("close", "unlink"):
-        try:
-            getattr(obj, fn)()
-        except Exception as exc:      # keep freeing the rest
-            log.warning("freeing %r: %s", obj, exc)
-
-
-def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = RingSizes(),
-                     trainer_ranks: int = 1) -> Resources:
-    from shm.counter import SharedCounter
-    from shm.ring import Ring
-    from shm.weights import WeightBuffer
-
-    res = Resources(names, sizes=sizes)
-    try:
-        res.counter = res.own(SharedCounter.create(names.version))
-        res.bell = res.own(Bell.create(names.bell))
-        res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
-        for i in range(names.num_inference):
-            req, out, ctl = res.inference_rings(i, 0)
-            res.inference_req.append(req)
-            res.inference_out.append(out)
-            res.inference_ctl.append(ctl)
-        res.trainer_req = res.own(Ring.create(names.req("trainer", 0), REQ_RING_BYTES))
-        res.trainer_ctl = res.own(Ring.create(names.ctl("trainer", 0), sizes.ctl))
-        res.rank_ctl = [res.own(Ring.create(names.ctl("trainer", r), sizes.ctl))
-                        for r in range(1, trainer_ranks)]
-        res.batches = res.own(Ring.create(names.batches, sizes.batch))
-    except BaseException:
-        free_resources(res)
-        raise
-    return res
-
-
-def free_resources(res: Resources) -> None:
-    for obj in reversed(res.owned):
-        _free(obj)
-    res.owned.clear()
 
 
 class Supervisor:
@@ -287,15 +212,6 @@ class Supervisor:
         head = self._rank_hang or rank_failures.cause(errors, dead, fatal.index if fatal else None)
         return RunFailed(head + tail)
 
-    def _heartbeat(self, res: Resources, role: str, i: int, gen: int = 0) -> None:
-        """Fresh progress and liveness words for worker (role, i) of restart generation `gen`."""
-        from shm.counter import SharedCounter
-        for words, name in ((res.heartbeats, res.names.heartbeat), (res.liveness, res.names.liveness)):
-            old = words.get((role, i))
-            words[(role, i)] = res.own(SharedCounter.create(name(role, i, gen)))
-            if old is not None:
-                res.disown(old)
-
     def _check_heartbeats(self) -> None:
         """Kill a ready worker past its progress or liveness deadline (`liveness.overdue`);
         `_check_procs` then handles it as dead."""
@@ -336,7 +252,7 @@ class Supervisor:
         self.loop.replace_worker_rings(i, *res.inference_rings(i, gen))
         for r in old:
             res.disown(r)
-        self._heartbeat(res, "inference", i, gen)
+        res.fresh_words("inference", i, gen)
         return self._spec(res, "inference", i, gen)
 
     def _stop_procs(self, res: Resources, deadline: float) -> None:
@@ -413,9 +329,9 @@ class Supervisor:
             res = create_resources(names, nbytes, ring_sizes(cfg, task.max_prompt_tokens),
                                    cfg.actor.world_size)
             for r in range(cfg.actor.world_size):
-                self._heartbeat(res, "trainer", r)
+                res.fresh_words("trainer", r)
             for i in range(cfg.inference.num_workers):
-                self._heartbeat(res, "inference", i)
+                res.fresh_words("inference", i)
             self._check_stop("startup")
             self.rendezvous_port = rank_failures.free_port()
             for r in range(cfg.actor.world_size):
@@ -454,37 +370,9 @@ class Supervisor:
             if sinks is not None:        # within the shutdown bound; its thread is a daemon
                 sinks.close(min(SINKS_CLOSE_S, max(1.0, deadline - time.monotonic())))
 
-    def _await(self, ring, kind, accept, what: str):
-        deadline = time.monotonic() + self.cfg.run.startup_timeout_s
-        while time.monotonic() < deadline:
-            self._check_stop(what)
-            msg = recv(ring, 0.05)
-            if isinstance(msg, messages.Fatal):
-                raise RunFailed(f"{msg.role} worker {msg.index} failed during {what}: {msg.error}")
-            if isinstance(msg, kind) and accept(msg):
-                return msg
-            self._check_procs(startup=True)
-        raise RunFailed(f"timed out during {what}")
-
     def _recover(self, res: Resources) -> None:
-        """Resume at step k: trainer loads and publishes version k, every inference worker loads it,
-        the shared version becomes k and the gate is aligned before any admission."""
-        k = self.start_step
-        send(res.trainer_req, messages.LoadCheckpoint(
-            directory=os.path.join(self.checkpoint, "trainer"), version=k))
-        self._await(res.trainer_ctl, messages.CheckpointSaved, lambda m: m.step == -1,
-                    "checkpoint load")
-        log.info("resume: inference workers reloading weights of version %d", k)
-        for ring in res.inference_req:
-            send(ring, messages.LoadWeights(version=k))
-        for ring in res.inference_ctl:
-            self._await(ring, messages.WeightsLoaded, lambda m: m.version >= k, "weight reload")
-        res.counter.set(k)
-        self.loop.gate.on_version_recovered(k)
-        self.loop.reuse_rollouts(self.checkpoint, self.checkpoint_state)
-        self.loop.metrics.write("event", event="resume", step=k, reused=self.loop.reused,
-                                redo=len(self.loop.cursor.redo), cursor=self.loop.cursor.cursor)
-        log.info("resumed at step %d", k)
+        resume.recover(res, self.loop, self.start_step, self.checkpoint, self.checkpoint_state,
+                       self.cfg.run.startup_timeout_s, self._check_stop, self._check_procs)
 
     def _event_thread(self, res: Resources, mthread: MetricsThread) -> int:
         """Run the event loop in its own thread; the main thread handles signals, restarts and

@@ -4,7 +4,8 @@ import pytest
 
 from orchestrator.runtime.resources import RunNames
 from orchestrator.config import ConfigError, load_config
-from orchestrator.runtime.supervisor import Resources, Supervisor
+from orchestrator.runtime.resources import Resources
+from orchestrator.runtime.supervisor import Supervisor
 
 
 def specs(overrides):
