@@ -1,10 +1,32 @@
 """Real short runs shared by the tools' tests (report, inspect, metric sinks): each is launched once
-per session and must not be modified by a test (copy it first)."""
+per session and must not be modified by a test (copy it first). `launch_main`: the launcher's
+refusals checked in this process."""
 from __future__ import annotations
 
 import pytest
 
-from tests.integration.lifecycle import run
+from tests.integration.lifecycle import ROOT, run
+
+
+@pytest.fixture
+def launch_main(monkeypatch, capfd):
+    """`launch_main(*args, cwd=ROOT) -> (exit code, stderr)`: `orchestrator.launch.main` called in
+    this process (its imports paid once per session, not once per case), for input that must be
+    refused before anything starts. A launch that gets as far as starting a run fails the test
+    instead of running. Each test file keeps one case through a real `python -m
+    orchestrator.launch` process for the process-level contract (exit status, stderr)."""
+    from orchestrator import launch
+
+    def started(*_, **__):
+        raise AssertionError("the launch started a run: its input was not refused")
+    monkeypatch.setattr(launch, "_run", started)
+
+    def call(*args, cwd=ROOT):
+        monkeypatch.chdir(cwd)
+        capfd.readouterr()
+        code = launch.main([str(a) for a in args])
+        return code, capfd.readouterr().err
+    return call
 
 
 @pytest.fixture(scope="session")

@@ -28,16 +28,24 @@ def launch(*args):
     (["--config", "configs/no_such.yaml"], "cannot read config file"),
     (["run.total_steps"], "key=value"),
 ])
-def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+def test_bad_input_exits_2_with_one_line(tmp_path, launch_main, args, needle):
     run_dir = tmp_path / "run"
-    out, proc = launch(f"run.dir={run_dir}", *args)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], out.stderr
-    assert "Traceback" not in out.stderr
+    code, err = launch_main(f"run.dir={run_dir}", *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
     if needle != "no checkpoint":            # resume=must looks into run.dir before refusing
         assert not run_dir.exists()
-    assert run_segments(proc) == []
+
+
+def test_the_process_exits_2_with_one_line_and_no_traceback(tmp_path):
+    """The cases above call the launcher in the test's process; this one is the real process."""
+    run_dir = tmp_path / "run"
+    out, proc = launch(f"run.dir={run_dir}", "rollout.max_head_offpolicynes=2")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rollout.max_head_offpolicyness" in lines[0], out.stderr
+    assert not run_dir.exists() and run_segments(proc) == []
 
 
 def test_bad_yaml_file(tmp_path):

@@ -46,9 +46,10 @@ def put(path, data):
     return path
 
 
-def _bad(tmp_path, make, args):
+def _bad(tmp_path, launch_main, make, args):
     data = make(tmp_path)
-    return launch(tmp_path, f"task.dataset={data}", *args)
+    return launch_main(*BASE, f"run.dir={tmp_path / 'run'}", f"task.dataset={data}", *args,
+                       cwd=tmp_path)
 
 
 CASES = [
@@ -82,13 +83,23 @@ CASES = [
 
 
 @pytest.mark.parametrize("make, args, needles", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_data_is_exit_2_before_anything_starts(tmp_path, make, args, needles):
-    out = _bad(tmp_path, make, args)
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+def test_bad_data_is_exit_2_before_anything_starts(tmp_path, launch_main, make, args, needles):
+    code, err = _bad(tmp_path, launch_main, make, args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_process_exits_2_naming_the_dataset(tmp_path):
+    """The cases above call the launcher in the test's process; this one is the real process."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"question": "1>", "answer": "1"}])
+    out = launch(tmp_path, f"task.dataset={data}", "task.reward=exact_match")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no column 'prompt'" in lines[0], out.stderr
     assert not (tmp_path / "run").exists()
 
 

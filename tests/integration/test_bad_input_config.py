@@ -95,7 +95,7 @@ def launch(*args):
 
 
 @pytest.mark.parametrize("text, args, needles", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_exits_2_before_anything_starts(tmp_path, text, args, needles):
+def test_bad_input_exits_2_before_anything_starts(tmp_path, launch_main, text, args, needles):
     if "actor.sim.weight_bytes" in needles:
         st = os.statvfs("/dev/shm")
         if st.f_bavail * st.f_frsize >= 2 * TIB:
@@ -106,18 +106,17 @@ def test_bad_input_exits_2_before_anything_starts(tmp_path, text, args, needles)
         args = ["--config", str(path), *args]
         needles = [n.replace("{file}", str(path)) for n in needles]
     run_dir = tmp_path / "run"
-    out, proc = launch(*args, f"run.dir={run_dir}")
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    code, err = launch_main(*args, f"run.dir={run_dir}")    # no traceback: an exception fails here
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     for needle in needles:
         assert needle in lines[0], lines[0]
-    assert "Traceback" not in out.stderr
-    assert not run_dir.exists()
-    assert run_segments(proc) == []
+    assert not run_dir.exists()                 # nothing in /dev/shm: the autouse fixture checks
 
 
-def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path, hf_model_dir):
+def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path, hf_model_dir,
+                                                                     launch_main):
     """Caught before anything starts (exit 2), not by the first request in a worker (exit 1)."""
     import json
     import shutil
@@ -127,25 +126,33 @@ def test_prompt_longer_than_the_models_context_is_refused_at_startup(tmp_path, h
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2}))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}",
-                             "task.name=copy3", f"model.path={model}", "run.total_steps=2"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
+    code, err = launch_main(f"run.dir={run_dir}", "task.name=copy3", f"model.path={model}",
+                            "run.total_steps=2")
+    assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "task.name=copy3 has prompts of" in lines[0]
     assert "max_position_embeddings" in lines[0] and "context of 2 tokens" in lines[0]
-    assert not run_dir.exists() and run_segments(proc) == []
+    assert not run_dir.exists()
 
 
-def test_vllm_backend_without_vllm_is_bad_input(tmp_path):
+def test_vllm_backend_without_vllm_is_bad_input(tmp_path, launch_main):
     import importlib.util
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
-    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path / 'run'}",
-                          "inference.backend=vllm", "run.total_steps=2"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
+    code, err = launch_main(f"run.dir={tmp_path / 'run'}", "inference.backend=vllm",
+                            "run.total_steps=2")
+    assert code == 2
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and "inference.backend" in lines[0] and "not installed" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_process_exits_2_with_one_line_and_no_traceback(tmp_path):
+    """The cases above call the launcher in the test's process; this one, refused by preflight
+    after the workload is built, is the real process: its exit status, stderr, no segments."""
+    run_dir = tmp_path / "run"
+    out, proc = launch("inference.devices=['4096']", f"run.dir={run_dir}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "does not exist" in lines[0]
+    assert not run_dir.exists() and run_segments(proc) == []
