@@ -16,6 +16,11 @@ pytest.importorskip("datasets")
 pytest.importorskip("torch")
 
 
+# slow: a 400-step learning run. The default suite checks the same path more cheaply: the built-in
+# copy2 task is a generated dataset on this same PromptSet path with the same `digits` reward, and
+# test_default_learns requires it to learn, held-out eval included; JSONL train and eval datasets
+# through the launcher (eval lines, samples, accuracy) are test_your_data's.
+@pytest.mark.slow
 def test_copy2_as_a_jsonl_dataset_learns(tmp_path):
     problems = [{"prompt": f"{i:02d}>", "answer": f"{i:02d}"} for i in range(100)]
     held_out = set(np.random.default_rng(0).choice(100, 20, replace=False).tolist())
