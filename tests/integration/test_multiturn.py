@@ -9,7 +9,6 @@
 - step lines carry the episode fields; a bad `task.env` and an environment that raises are exit 2
   with one line naming them (and the row), nothing left behind."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -171,14 +170,12 @@ def test_an_environment_that_raises_is_exit_2_naming_it_and_the_row(tmp_path):
     ("missing.py:Env", "no such file"),
     ("recording_env.py:Nope", "has no class 'Nope'"),
 ])
-def test_a_bad_env_is_exit_2_before_anything_starts(tmp_path, spec, needle):
+def test_a_bad_env_is_exit_2_before_anything_starts(tmp_path, launch_main, spec, needle):
     _setup(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path / 'run'}",
-                          "task.name=dataset", f"task.dataset={tmp_path / 'train.jsonl'}", f"task.env={spec}",
-                          "eval.every_steps=0"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], out.stderr
+    code, err = launch_main(f"run.dir={tmp_path / 'run'}", "task.name=dataset",
+                            f"task.dataset={tmp_path / 'train.jsonl'}", f"task.env={spec}",
+                            "eval.every_steps=0", cwd=tmp_path)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
     assert not (tmp_path / "run").exists()
