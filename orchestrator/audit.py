@@ -1,4 +1,5 @@
-"""`python -m orchestrator.audit`: the promises a run must keep, read from its directory (the code lives in `orchestrator.run.audit`)."""
+"""`python -m orchestrator.audit`: the promises a run must keep, read from its directory (the code
+lives in `orchestrator.run.audit`)."""
 import sys
 
 from orchestrator.run.audit import main

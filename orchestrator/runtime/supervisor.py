@@ -1,13 +1,15 @@
 """Supervisor: owns every process, shm segment and semaphore of a run, in one place.
 
 `Supervisor(cfg, run_dir).run()` sweeps segments of dead runs, creates every shm object (named
-`arl_<run_id>_*`), spawns the trainer ranks (`actor.devices` / `actor.num_ranks`; a free rendezvous
-port and the torch.distributed environment, no torchrun) and the inference workers (spawn start
-method, disjoint devices),
-waits for them to report ready, recovers from a checkpoint if resuming (`orchestrator.runtime.resume`), runs the event thread and
-the metrics thread (every metrics line also goes to the configured sinks, `orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join -> SIGKILL
-(workers ignore SIGTERM), then close and unlink every segment and remove the run's scratch
-directory (`orchestrator.runtime.scratch`: workers' temporary files). A dead inference worker is restarted
+`arl_<run_id>_*`, `orchestrator.runtime.resources`), spawns the trainer ranks (`actor.devices` /
+`actor.num_ranks`; a free rendezvous port and the torch.distributed environment, no torchrun) and
+the inference workers (spawn start method, disjoint devices), waits for them to report ready,
+recovers from a checkpoint if resuming (`orchestrator.runtime.resume`), runs the event thread and
+the metrics thread (every metrics line also goes to the configured sinks,
+`orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join ->
+SIGKILL (workers ignore SIGTERM; `orchestrator.runtime.shutdown` bounds it), then close and unlink
+every segment and remove the run's scratch directory (`orchestrator.runtime.scratch`: workers'
+temporary files). A dead inference worker is restarted
 on fresh rings (its prompts re-dispatched by the event loop) or fails the run, per
 `inference.on_worker_death`; a dead trainer fails the run. SIGINT/SIGTERM stop admission and open a
 drain window (half of `run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a
@@ -43,8 +45,8 @@ import time
 from typing import Optional
 
 from orchestrator import messages
-from orchestrator.runtime import liveness, rank_failures, resume, scratch
-from orchestrator.wire import recv, send
+from orchestrator.runtime import liveness, rank_failures, resume, scratch, shutdown
+from orchestrator.wire import recv
 from orchestrator.runtime.resources import (Resources, RunNames, create_resources, free_resources, ring_sizes,
                                             weight_nbytes)
 from orchestrator.config import Config
@@ -255,25 +257,6 @@ class Supervisor:
         res.fresh_words("inference", i, gen)
         return self._spec(res, "inference", i, gen)
 
-    def _stop_procs(self, res: Resources, deadline: float) -> None:
-        for ring in res.inference_req + [res.trainer_req]:    # rank 0 tells the other ranks
-            try:
-                send(ring, messages.Shutdown(reason="run over"), timeout=0.0)
-            except Exception:
-                pass
-        procs = list(self.procs.values())
-
-        def left():
-            return max(0.05, deadline - time.monotonic())
-
-        for p in procs:            # workers ignore SIGTERM: past the window they get SIGKILL
-            p.join(left())
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(1.0)
-
     # ------------------------------------------------------------------ signals
     @property
     def _signal(self) -> Optional[int]:
@@ -358,11 +341,9 @@ class Supervisor:
         finally:
             if mthread is not None:
                 mthread.stop()
-            if self._signal_at is not None:
-                deadline = self._signal_at + cfg.run.shutdown_timeout_s
-            else:
-                deadline = time.monotonic() + min(10.0, cfg.run.shutdown_timeout_s)
-            self._stop_procs(res, deadline)
+            deadline = shutdown.deadline(self._signal_at, cfg.run.shutdown_timeout_s)
+            shutdown.stop_processes(list(self.procs.values()), res.inference_req + [res.trainer_req],
+                                    deadline)
             free_resources(res)
             if self.scratch:
                 scratch.remove(self.scratch)
