@@ -98,6 +98,10 @@ def weight_nbytes(cfg) -> int:
         return GPU_WEIGHT_BYTES
     if cfg.actor.backend == "sim":
         return cfg.actor.sim.weight_bytes
+    if cfg.model.path is None:         # the built-in model: sized from its config, no torch import
+        from orchestrator.backends.tiny_size import tiny_weight_nbytes
+        from orchestrator.data.tokens import VOCAB
+        return tiny_weight_nbytes(cfg.model, len(VOCAB))
     from orchestrator.backends.model import weight_nbytes_for
     return weight_nbytes_for(cfg)
 

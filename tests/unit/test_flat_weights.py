@@ -176,3 +176,32 @@ def test_bind_flat_keeps_tied_parameters_tied():
     assert all(torch.equal(before[k], v) for k, v in m.named_parameters())
     np.frombuffer(flat, np.uint8)[:] = 0          # writing the buffer writes the weights, both heads
     assert not m.lm_head.weight.any() and not m.model.embed_tokens.weight.any()
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(hidden_size=24, num_layers=3, num_heads=2),
+                                   dict(hidden_size=40, num_layers=1, num_heads=5, dtype="bfloat16"),
+                                   dict(hidden_size=8, num_layers=2, num_heads=1, dtype="float16")])
+def test_the_torch_free_size_of_the_built_in_model_is_its_flat_layout(shape):
+    """The supervisor sizes the weight buffer without torch (backends/tiny_size.py): the size must
+    be the flat layout of the model the workers build."""
+    from orchestrator.backends.tiny_size import tiny_weight_nbytes
+    cfg = ModelConfig(**shape)
+    with torch.device("meta"):
+        model = build_model(cfg, VOCAB, 0)
+    assert tiny_weight_nbytes(cfg, VOCAB) == flat_layout(model).nbytes
+
+
+def test_sizing_the_built_in_model_for_a_run_imports_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from orchestrator.config import load_config; "
+            "from orchestrator.runtime.resources import weight_nbytes; "
+            "n = weight_nbytes(load_config(None, [])); "
+            "print(n, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    n, torch_imported = out.stdout.split()
+    cfg = ModelConfig()
+    with torch.device("meta"):
+        assert int(n) == flat_layout(build_model(cfg, VOCAB, 0)).nbytes
+    assert torch_imported == "False", out.stderr[-2000:]
