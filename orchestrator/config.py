@@ -272,7 +272,7 @@ class ActorConfig(_Section):
         0.0, ge=0, le=1e6, description="KL-to-reference coefficient (AReaL's name): > 0 loads a "
         "frozen reference model (actor.ref_path, or the initial weights), sharded like the actor, "
         "forward only, and adds kl_ctl x the per-token KL (algo.kl_estimator) aggregated by "
-        "algo.loss_agg_mode to the loss; step lines: train_kl_ref_mean (the batch's token-mean KL "
+        "algo.loss_agg_mode to the loss; step lines: kl_ref_mean (the batch's token-mean KL "
         "before the update) and train_kl_ref_loss; checkpoints hold its hash, not its weights "
         "(0: off)")
     ref_path: Optional[str] = Field(

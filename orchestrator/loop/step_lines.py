@@ -3,8 +3,9 @@
 - `step_fields(info, done) -> (fields, ages)`: the fields a step line takes from its batch
   (`BatchInfo`: versions, rewards, episodes) and the trainer's `StepDone` (loss, stats, time):
   the observed head age over live loss-masked tokens (`age_max`, `age_p99`, `age_mean`), per-token
-  ages, head/tail spans, and the trainer's stats (`logprob_diff_*` promoted, the rest as
-  `train_<name>`). `ages` is the head-age summary the metrics ticks repeat.
+  ages, head/tail spans, and the trainer's stats (`logprob_diff_*` and, with actor.kl_ctl,
+  `kl_ref_mean` promoted, the rest as `train_<name>`). `ages` is the head-age summary the metrics
+  ticks repeat.
 - `check_mismatch(step, stats, limit)`: fail the run (exit 1) when the trainer's
   `logprob_diff_mean` exceeds `actor.logprob_diff_limit`.
 - `check_resume_bound(admitted, S, B)`: the first step after a resume admitted at most (S+1)*B
@@ -18,6 +19,7 @@ from orchestrator.errors import RunFailed
 from orchestrator.loop.train_sink import BatchInfo
 
 MISMATCH = ("logprob_diff_mean", "logprob_diff_max")    # trainer stats promoted to the step line
+KL_REF = "kl_ref_mean"          # actor.kl_ctl: the KL to the reference, by the name (#24)
 
 
 def check_mismatch(step: int, stats: dict, limit) -> None:
@@ -54,5 +56,7 @@ def step_fields(info: BatchInfo, done: messages.StepDone) -> tuple[dict, dict]:
         spanning=int((live & (heads != tails)).sum()), not_live=int((~live).sum()),
         **age_parts(info.version, heads[live], tails[live]),
         **info.episode,
-        **{f"train_{k}": v for k, v in done.stats.items() if k != "loss" and k not in MISMATCH})
+        **({KL_REF: done.stats[KL_REF]} if KL_REF in done.stats else {}),
+        **{f"train_{k}": v for k, v in done.stats.items()
+           if k != "loss" and k != KL_REF and k not in MISMATCH})
     return fields, ages
