@@ -1,4 +1,4 @@
-"""Multi-turn environments: the contract an environment implements, and the registry.
+"""Multi-turn environments: the contract an environment implements.
 
 An environment is ONE episode. It speaks messages (chat dicts `{"role", "content"}`); only the
 inference worker touches tokens. The runner (`envs.runner`) creates one instance per episode with
@@ -21,9 +21,8 @@ blocking call never stalls the loop; one past the timeout is abandoned and its t
 JSON schemas (OpenAI function format) passed to the chat template when the opening messages are
 rendered.
 
-Registry: `resolve_env(spec)` takes a built-in name (`lookup`, `verifiers`: environments written for
-the verifiers library, `envs.verifiers_env`) or `path.py:Class` / `module:Class` (loaded like a user
-reward) and returns the class; a bad spec is a DataError naming `task.env`.
+The registry of built-in and user environments is `envs.registry` (it imports them; this
+module imports none).
 """
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from orchestrator.data.tokens import DataError
 
 # Sequences.scalars of a finished multi-turn group (index 0 is the reward pool's REWARD_ERRORS: calls
 # that failed and scored 0); summed over the group's episodes, except TURNS_MAX (their max).
@@ -71,25 +69,3 @@ class Environment:
 
     def close(self) -> None:
         pass
-
-
-def resolve_env(spec: str) -> type:
-    """The environment class `task.env` names (see the module docstring)."""
-    builtin = ("lookup", "verifiers")
-    if spec == "lookup":
-        from orchestrator.envs.lookup import LookupEnv
-        return LookupEnv
-    if spec == "verifiers":         # the adapter (and verifiers) load only when named; a missing or
-        from orchestrator.envs.verifiers_env import VerifiersEnv    # unsupported one: DataError
-        return VerifiersEnv
-    if ":" not in spec:
-        raise DataError(f"task.env={spec!r}: not a built-in ({', '.join(builtin)}) and not "
-                        f"'file.py:Class' or 'module:Class'")
-    from orchestrator.data.rewards import load_user_object
-    cls = load_user_object(spec, "task.env", "class")
-    if not isinstance(cls, type):
-        raise DataError(f"task.env={spec!r}: {spec.replace(':', '.')} is not a class")
-    missing = [m for m in ("reset", "step", "score") if not callable(getattr(cls, m, None))]
-    if missing:
-        raise DataError(f"task.env={spec!r}: {cls.__name__} has no {', '.join(missing)} method")
-    return cls

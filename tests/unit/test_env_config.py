@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.config import ConfigError, env_spec, load_config
 from orchestrator.data.tokens import DataError
-from orchestrator.envs.base import resolve_env
+from orchestrator.envs.registry import resolve_env
 from orchestrator.envs.lookup import LookupEnv
 
 
