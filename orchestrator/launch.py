@@ -40,7 +40,7 @@ def _main(argv, stop) -> int:
     from orchestrator.config import ConfigError, load_config
     from orchestrator.data.tokens import DataError
     from orchestrator.runtime.preflight import check_machine
-    from orchestrator.loop.prompts import build_task
+    from orchestrator.data.workload import build_task
     from orchestrator.run.durable import disk_full, is_disk_full
     from orchestrator.run.run_dir import RunDirError, prepare_run_dir
 

@@ -64,7 +64,7 @@ class TrainerBackend(Protocol):
 
 
 class Task(Protocol):
-    """A prompt source (orchestrator.loop.prompts.build_task): the supervisor admits its prompts; the
+    """A prompt source (orchestrator.data.workload.build_task): the supervisor admits its prompts; the
     inference worker's reward pool scores completions against the dataset row a prompt names."""
     max_prompt_tokens: int
     filtered: int

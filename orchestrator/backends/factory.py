@@ -3,40 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.data.budgets import episode_tokens
-from orchestrator.config import Config, env_spec
+from orchestrator.config import Config
+from orchestrator.data.workload import build_scorer
 
 
 def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
     """Sampling RNG of inference worker `index` (restart generation `gen`) in a run (re)started at
     `start_step`: every worker, restart and resume draws a fresh, reproducible stream."""
     return int(np.random.SeedSequence([cfg.run.seed, index, gen, start_step]).generate_state(1)[0])
-
-
-def build_rewards(cfg: Config, tokens):
-    """The reward pool of an inference worker (orchestrator.data.reward_pool); `tokens`: the
-    backend's, loaded once."""
-    from orchestrator.data.reward_pool import RewardPool
-    from orchestrator.data.workload import load_scorer
-
-    rows, name, fn = load_scorer(cfg, tokens)
-    t = cfg.task
-    return RewardPool(fn, name, tokens, rows, t.reward_workers, t.reward_timeout_s, t.reward_on_error)
-
-
-def build_episodes(cfg: Config, tokens, seed: int):
-    """The multi-turn episode runner of an inference worker (orchestrator.envs.runner)."""
-    from orchestrator.data.workload import load_rows
-    from orchestrator.envs.base import resolve_env
-    from orchestrator.envs.render import TurnRenderer
-    from orchestrator.envs.runner import EpisodeRunner, Limits
-
-    t = cfg.task
-    rows = load_rows(cfg)
-    limits = Limits(t.max_turns, cfg.rollout.max_new_tokens, episode_tokens(cfg), t.env_timeout_s,
-                    t.env_on_error, t.env_workers, t.env_processes)
-    return EpisodeRunner(resolve_env(env_spec(cfg)), t.env_args, TurnRenderer(tokens, t), tokens, rows,
-                         limits, env_spec(cfg), seed)
 
 
 def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
@@ -53,16 +27,12 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
         device = "cuda:0" if cfg.inference.devices else "cpu"
         backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
                                  device=device, sample_seed=seed)
-        return backend, _scorer(cfg, backend.tokens, seed)
+        return backend, build_scorer(cfg, backend.tokens, seed)
     if cfg.inference.backend == "vllm":
         from orchestrator.backends.vllm_inference import VllmInference
         backend = VllmInference(cfg, index, sample_seed=seed, prompt_tokens=prompt_tokens)
-        return backend, _scorer(cfg, backend.tokens, seed)
+        return backend, build_scorer(cfg, backend.tokens, seed)
     raise ValueError(f"unknown inference.backend {cfg.inference.backend!r}")
-
-
-def _scorer(cfg: Config, tokens, seed: int):
-    return build_episodes(cfg, tokens, seed) if env_spec(cfg) else build_rewards(cfg, tokens)
 
 
 def build_trainer(cfg: Config):

@@ -1,6 +1,18 @@
-"""One place that turns `task.*` and `model.path` into what the supervisor and the workers use.
+"""The workload builder: the one place that turns `task.*` and `model.path` into what the
+supervisor and the workers use. Construction reads in one direction: config -> this module -> the
+model's tokens (`data.tokens`), the datasets (`data.digits`, `data.prompt_set`), the reward
+(`data.rewards`, `data.reward_pool`) and the environment (`envs.registry`, `envs.render`,
+`envs.runner`); none of those imports this module or each other upward.
 
 Contract:
+- `build_task(cfg)` (supervisor, at launch): the prompt source. The `sim` task is `SimPrompts`
+  (random token prompts of `inference.sim.prompt_tokens`; the sim backend decides rewards); every
+  other task, built-in digit task or `task.dataset`, is `load_prompts(cfg)`. Both expose
+  `max_prompt_tokens` (the rings are sized from it), `train_prompt(index)`, `eval_prompts()`,
+  `filtered` and `identity` (`backends.base.Task`).
+- `build_scorer(cfg, tokens, seed)` (inference worker, with the model's tokens its backend loaded):
+  the reward pool (`data.reward_pool.RewardPool`), or for a multi-turn task (`task.env`) the episode
+  runner (`envs.runner.EpisodeRunner`) whose environment scores.
 - `datasets_for(cfg) -> (train, eval)`: the built-in digit task's generated datasets, or
   `task.dataset` / `task.eval_dataset` opened with `prompt_set.open_dataset` (eval None when unset).
 - `load_prompts(cfg) -> PromptSet` (supervisor, at launch before anything starts): the model's
@@ -13,7 +25,38 @@ Contract:
 """
 from __future__ import annotations
 
+import numpy as np
+
+from orchestrator.data.digits import DEFAULT_EVAL
 from orchestrator.data.tokens import DataError, PromptRenderer, load_tokens
+
+NO_ROW = -1         # a prompt with no dataset row (sim)
+
+
+class SimPrompts:
+    def __init__(self, prompt_tokens: int, num_train: int, num_eval: int, seed: int):
+        self.prompt_tokens, self.num_train, self.num_eval, self.seed = (
+            prompt_tokens, num_train, num_eval, seed)
+        self.max_prompt_tokens = prompt_tokens
+        self.filtered = 0
+        self.identity = None          # a pure function of the config: nothing to compare
+
+    def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
+        i = index % self.num_train
+        rng = np.random.default_rng((self.seed, i))
+        return i, rng.integers(0, 1000, self.prompt_tokens, dtype=np.int32), NO_ROW
+
+    def eval_prompts(self) -> list[tuple[int, np.ndarray, int]]:
+        rng = np.random.default_rng((self.seed, 0, 0xE7A1))     # a stream no train index uses
+        return [(i, rng.integers(0, 1000, self.prompt_tokens, dtype=np.int32), NO_ROW)
+                for i in range(self.num_eval)]
+
+
+def build_task(cfg):
+    if cfg.task.name == "sim":
+        return SimPrompts(cfg.inference.sim.prompt_tokens, cfg.task.num_train_prompts,
+                          cfg.task.num_eval_prompts or DEFAULT_EVAL, cfg.run.seed)
+    return load_prompts(cfg)
 
 
 def datasets_for(cfg):
@@ -44,7 +87,7 @@ def load_prompts(cfg):
 
     tokens = _tokens(cfg)
     if env_spec(cfg) is not None:          # an environment scores its episodes: resolve it here,
-        from orchestrator.envs.base import resolve_env      # so a bad task.env is exit 2
+        from orchestrator.envs.registry import resolve_env      # so a bad task.env is exit 2
         from orchestrator.envs.render import TurnRenderer
         resolve_env(env_spec(cfg))
         TurnRenderer(tokens, cfg.task)
@@ -72,3 +115,22 @@ def load_scorer(cfg, tokens):
 
     name, fn = resolve_reward(cfg.task, tokens)
     return load_rows(cfg), name, fn
+
+
+def build_scorer(cfg, tokens, seed: int):
+    from orchestrator.config import env_spec
+    if env_spec(cfg) is None:
+        from orchestrator.data.reward_pool import RewardPool
+        rows, name, fn = load_scorer(cfg, tokens)
+        t = cfg.task
+        return RewardPool(fn, name, tokens, rows, t.reward_workers, t.reward_timeout_s, t.reward_on_error)
+    from orchestrator.data.budgets import episode_tokens
+    from orchestrator.envs.registry import resolve_env
+    from orchestrator.envs.render import TurnRenderer
+    from orchestrator.envs.runner import EpisodeRunner, Limits
+
+    t = cfg.task
+    limits = Limits(t.max_turns, cfg.rollout.max_new_tokens, episode_tokens(cfg), t.env_timeout_s,
+                    t.env_on_error, t.env_workers, t.env_processes)
+    return EpisodeRunner(resolve_env(env_spec(cfg)), t.env_args, TurnRenderer(tokens, t), tokens,
+                         load_rows(cfg), limits, env_spec(cfg), seed)

@@ -1,0 +1,11 @@
+"""Multi-turn environments (tool use, games, agents' conversations), one episode per instance.
+
+- `base`: the contract an environment implements (`Environment`, `ModelTurn`, `StepResult`).
+- `registry`: `resolve_env(spec)`, built-in names or a user's `path.py:Class` / `module:Class`.
+- `lookup`: the built-in tool-use environment; `verifiers_env`: environments of the verifiers library.
+- `runner`: the inference worker's episode runner (turns, budgets, timeouts, scoring).
+- `render`: the conversation rendered with the chat template, append-only over the sampled ids.
+- `pool`, `watch`: the bounded pool blocking calls run on, and the environment loop's liveness stamp.
+
+Imports: config, errors, data's tokens and rewards, and this room.
+"""

@@ -54,7 +54,8 @@ from orchestrator.run.durable import atomic_write
 from orchestrator.errors import ENV_HUNG_EXIT, Interrupted, RunFailed, WorkerFatal, worker_name
 from orchestrator.loop.event_loop import EventLoop
 from orchestrator.observe.metrics import MetricsLog, MetricsThread
-from orchestrator.loop.prompts import PromptCursor, build_task
+from orchestrator.data.workload import build_task
+from orchestrator.loop.prompts import PromptCursor
 from orchestrator.observe.sinks import MetricSinks
 from orchestrator.runtime.signals import SIGNALS
 from orchestrator.runtime.worker_base import WorkerSpec
@@ -76,7 +77,7 @@ class Supervisor:
         self.checkpoint_state = checkpoint_state
         self.signals = stop if stop is not None else StopSignals()
         self.on_metrics = on_metrics
-        self.task = task              # the prompt set (prompts.build_task), built here when None
+        self.task = task              # the prompt set (data.workload.build_task), built here when None
         self.procs: dict[tuple[str, int], mp.Process] = {}
         self.gens: dict[int, int] = {}
         self.restarts = 0

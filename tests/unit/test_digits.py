@@ -96,7 +96,7 @@ def test_random_completions_score_low():
 
 def test_sim_task_gives_random_prompts_without_rows():
     from orchestrator.config import Config
-    from orchestrator.loop.prompts import NO_ROW, build_task
+    from orchestrator.data.workload import NO_ROW, build_task
     cfg = Config.model_validate({"task": {"name": "sim", "num_train_prompts": 10,
                                           "num_eval_prompts": 3},
                                  "inference": {"sim": {"prompt_tokens": 5}}})
