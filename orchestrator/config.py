@@ -234,6 +234,9 @@ class ActorConfig(_Section):
     devices: DeviceList = Field(default_factory=list, description="one trainer rank per CUDA device "
                                "(e.g. ['4','5','6','7']), disjoint from inference.devices; empty: "
                                "actor.device, or actor.num_ranks ranks on CPU")
+    colocate: bool = Field(False, description="let the trainer's device be one of inference.devices "
+                           "(one GPU for both, e.g. a single-GPU machine; they share its memory and "
+                           "weights still go over CUDA IPC); false: the devices must be disjoint")
     num_ranks: int = Field(1, ge=1, le=64, description="trainer ranks on CPU (gloo; <= 64); with "
                            "actor.devices it is len(actor.devices) (1 or that number may be given)")
     sharding: Literal["auto", "none", "fsdp", "ddp"] = Field(
@@ -759,9 +762,10 @@ class Config(_Section):
             raise ValueError(f"actor.num_ranks={actor.num_ranks} with actor.device={actor.device!r}: "
                              f"ranks on GPUs are actor.devices, one per device")
         both = sorted(devices & set(actor.rank_devices), key=int)
-        if both:
+        if both and not actor.colocate:
             field = "actor.devices" if actor.devices else "actor.device"
-            raise ValueError(f"{field} {', '.join(both)} overlaps inference.devices")
+            raise ValueError(f"{field} {', '.join(both)} overlaps inference.devices (set "
+                             f"actor.colocate=true to share a device)")
         if actor.world_size > 1 and actor.backend != "torch":
             raise ValueError(f"{actor.world_size} trainer ranks need actor.backend torch (the sim "
                              f"trainer is one process)")

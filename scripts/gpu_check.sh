@@ -18,8 +18,8 @@
 #     GPUs; vLLM's skip without vLLM);
 #   default-job 75: `python -m orchestrator.launch` from a directory outside the checkout, so the
 #     installed package and its shipped default config run, torch inference on GPU 0 (the trainer on
-#     GPU 1 where there is one: weights over CUDA IPC; else on the CPU, since config refuses a
-#     trainer on an inference device), 120 steps;
+#     GPU 1 where there is one, else beside inference on GPU 0 with actor.colocate=true: weights
+#     over CUDA IPC either way), 120 steps;
 #   bench-weights 75: CUDA IPC reload of a random 1.5B-parameter bf16 model vs a device-to-device copy;
 #   bench-trainer 75: tokens/s and MFU in bf16 (1 rank; 1 and 2 with two GPUs);
 #   bench-pipeline 100: the default job's model, async (S=2) vs sync, torch inference on GPU 0.
@@ -100,7 +100,7 @@ step gpu-tests 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider "${gpu_files[@]
 cp "$logdir/gpu-tests.log" "$logdir/gpu_tests.log" 2>/dev/null
 
 job_args=("inference.devices=['0']")
-[ "$gpus" -ge 2 ] && job_args+=("actor.device=1")
+if [ "$gpus" -ge 2 ]; then job_args+=("actor.device=1"); else job_args+=("actor.device=0" "actor.colocate=true"); fi
 echo "${job_args[*]}" > "$logdir/default_job.args"
 jobdir="$(mktemp -d)"                          # outside the checkout: the installed package runs
 step default-job 75 bash -c 'cd "$1" && shift && exec "$@"' _ "$jobdir" "$PY" -m orchestrator.launch \

@@ -104,8 +104,9 @@ class Supervisor:
         devs = cfg.inference.devices
         per = max(1, len(devs) // cfg.inference.num_workers) if devs else 0
         own = tuple(devs[i * per:(i + 1) * per])
-        if cfg.gpu_weights:          # CUDA IPC needs trainer rank 0's GPU visible (last ordinal)
-            own += (cfg.actor.rank_devices[0],)
+        trainer_gpu = cfg.actor.rank_devices[0] if cfg.gpu_weights else None
+        if trainer_gpu is not None and trainer_gpu not in own:   # CUDA IPC needs trainer rank 0's
+            own += (trainer_gpu,)       # GPU visible, as the last ordinal (colocated: it is own's)
         return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
                           start_step=self.start_step, prompt_tokens=self.prompt_tokens,
                           devices=own, threads=cfg.inference.threads_per_worker,

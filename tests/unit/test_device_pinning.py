@@ -34,3 +34,11 @@ def test_gpu_run_gives_disjoint_devices_plus_trainer_gpu_for_ipc():
 def test_overlapping_devices_are_a_config_error():
     with pytest.raises(ConfigError, match="overlaps"):
         load_config(None, ["inference.devices=['0']", "actor.device='0'"])
+
+
+def test_colocated_trainer_shares_the_inference_gpu_once():
+    """actor.colocate: one GPU for both (a single-GPU machine); the worker sees it once, and it is
+    the last ordinal, where the inference worker opens the trainer's CUDA IPC buffer."""
+    cfg, sup, inf, tr = specs(["inference.devices=['0']", "actor.device='0'", "actor.colocate=true"])
+    assert cfg.gpu_weights
+    assert [s.devices for s in inf] == [("0",)] and tr.devices == ("0",)
