@@ -1,4 +1,5 @@
-"""`python -m orchestrator.export`: a checkpoint's HF model directory (the code lives in `orchestrator.run.export`)."""
+"""`python -m orchestrator.export`: a checkpoint's HF model directory
+(the code lives in `orchestrator.run.export`)."""
 import sys
 
 from orchestrator.run.export import main

@@ -1,4 +1,5 @@
-"""`python -m orchestrator.inspect`: a trained batch, decoded (the code lives in `orchestrator.observe.inspect`)."""
+"""`python -m orchestrator.inspect`: a trained batch, decoded
+(the code lives in `orchestrator.observe.inspect`)."""
 import sys
 
 from orchestrator.observe.inspect import main

@@ -1,4 +1,5 @@
-"""`python -m orchestrator.report`: plots and a health summary of a run directory (the code lives in `orchestrator.observe.report`)."""
+"""`python -m orchestrator.report`: plots and a health summary of a run directory
+(the code lives in `orchestrator.observe.report`)."""
 import sys
 
 from orchestrator.observe.report import main

@@ -41,7 +41,8 @@ from typing import Optional
 
 import numpy as np
 
-from orchestrator.run.durable import RecordError, append_line, atomic_write, fsync_dir, read_record, write_record
+from orchestrator.run.durable import (RecordError, append_line, atomic_write, fsync_dir, read_record,
+                                      write_record)
 from shm.codec import CodecError, Sequences, concat, decode, encode
 
 MANIFEST = "MANIFEST.json"
