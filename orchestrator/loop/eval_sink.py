@@ -1,20 +1,29 @@
-"""Eval sink: collects the rollouts of one eval round (no advantages, no filtering) and reports,
-once every request of the round has come back, one `"kind": "eval"` line: `reward_mean`,
+"""Eval rounds: when one is due, what it asks for, and what it reports.
+
+`EvalSink(eval_cfg, max_new_tokens, start_step)`: `due(version)` is true once per version that is a
+multiple of `eval.every_steps`, after the run's (re)start and while no round is open;
+`open_round(step, prompts, new_id)` returns the round's `Generate` requests (every eval prompt,
+`eval.samples_per_prompt` samples at `eval.temperature`; `new_id()` allocates request ids) and opens
+the round. `add(request_id, group)` collects its rollouts (no advantages, no filtering) and, once
+every request of the round has come back, returns one `"kind": "eval"` line: `reward_mean`,
 `accuracy` (the fraction of samples with full reward, >= 1), `samples`, `prompts`,
 `completion_len_mean`."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
+from orchestrator import messages
 from shm.codec import Sequences
 
 FULL_REWARD = 1.0
 
 
 class EvalSink:
-    def __init__(self):
+    def __init__(self, eval_cfg, max_new_tokens: int, start_step: int = 0):
+        self.cfg, self.max_new_tokens = eval_cfg, max_new_tokens
+        self.start_step = self.last = start_step     # last: the version of the last round opened
         self.step: Optional[int] = None
         self.expected: set[int] = set()
         self.rewards: list[float] = []
@@ -25,9 +34,21 @@ class EvalSink:
     def active(self) -> bool:
         return self.step is not None
 
-    def start(self, step: int, request_ids: list[int]) -> None:
-        self.step, self.expected, self.rewards, self.lengths = step, set(request_ids), [], []
-        self.prompts = len(request_ids)
+    def due(self, version: int) -> bool:
+        every = self.cfg.every_steps
+        return bool(every) and version % every == 0 and version > self.start_step \
+            and not self.active and self.last < version
+
+    def open_round(self, step: int, prompts, new_id: Callable[[], int]) -> list[messages.Generate]:
+        self.last = step
+        reqs = [messages.Generate(
+            request_id=new_id(), prompt_id=pid, prompt_tokens=np.asarray(tokens).tolist(),
+            n=self.cfg.samples_per_prompt, max_new_tokens=self.max_new_tokens,
+            temperature=self.cfg.temperature, eval=True, row=row) for pid, tokens, row in prompts]
+        if reqs:
+            self.step, self.expected, self.rewards, self.lengths = step, {m.request_id for m in reqs}, [], []
+            self.prompts = len(reqs)
+        return reqs
 
     def add(self, request_id: int, group: Sequences) -> Optional[dict]:
         """Add one finished eval group; returns the summary when the round is complete."""

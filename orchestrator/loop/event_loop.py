@@ -20,8 +20,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
 from orchestrator import messages
 from orchestrator.run import checkpoint
 from orchestrator.loop.checkpoints import CheckpointBook, reusable
@@ -64,7 +62,7 @@ class EventLoop:
                                   version=self.counter.get)
         self.dispatcher = Dispatcher(res.inference_req, r.queue_size)
         self.sink = TrainSink.for_config(cfg)
-        self.eval_sink = EvalSink()
+        self.eval_sink = EvalSink(cfg.eval, r.max_new_tokens, start_step)
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task
         self.cursor = cursor or PromptCursor(task)
@@ -90,7 +88,6 @@ class EventLoop:
         self.bound = AgeBound(m, len(res.inference_req), start_step) if m is not None else None
         self.abort = False
         self.reused = 0
-        self.last_eval = start_step
         self.last_ages: dict = {}
         self.last_parked_s: Optional[float] = None
 
@@ -196,6 +193,14 @@ class EventLoop:
         return n
 
     # ------------------------------------------------------------------ admission
+    def _new_request(self, index: Optional[int] = None) -> int:
+        """A fresh request id; a training prompt's stream index is recorded against it."""
+        rid = self.next_request
+        self.next_request += 1
+        if index is not None:
+            self.request_index[rid] = index
+        return rid
+
     def _pump(self) -> int:
         """Submit queued prompts to workers; the gate counts training ones as running. A prompt
         re-dispatched after a worker died is not a new admission."""
@@ -227,28 +232,13 @@ class EventLoop:
             if needed <= 0 or self.gate.capacity() <= 0:
                 break
             index, pid, tokens, row = self.cursor.next()
-            rid = self.next_request
-            self.next_request += 1
-            self.request_index[rid] = index
+            rid = self._new_request(index)
             self.gate.on_enqueued()
             self.dispatcher.enqueue(messages.Generate(
                 request_id=rid, prompt_id=pid, prompt_tokens=tokens.tolist(), n=r.group_size,
                 max_new_tokens=r.max_new_tokens, temperature=r.temperature, row=row))
             n += self._pump()
         return n
-
-    def start_eval(self, step: int) -> None:
-        ids = []
-        for pid, tokens, row in self.task.eval_prompts():
-            rid = self.next_request
-            self.next_request += 1
-            ids.append(rid)
-            self.dispatcher.enqueue(messages.Generate(
-                request_id=rid, prompt_id=pid, prompt_tokens=np.asarray(tokens).tolist(),
-                n=self.cfg.eval.samples_per_prompt, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                temperature=self.cfg.eval.temperature, eval=True, row=row))
-        if ids:
-            self.eval_sink.start(step, ids)
 
     # ------------------------------------------------------------------ sinks
     def consume(self) -> int:
@@ -337,12 +327,10 @@ class EventLoop:
         if self.cfg.weights.pause_during_sync and not self.stop_requested:
             self.dispatcher.resume()
         self._flush_steps()
-        every = self.cfg.eval.every_steps
         version = self.counter.get()
-        if every and version % every == 0 and version > self.start_step and not self.eval_sink.active \
-                and self.last_eval < version:
-            self.last_eval = version
-            self.start_eval(version)
+        if self.eval_sink.due(version):
+            for m in self.eval_sink.open_round(version, self.task.eval_prompts(), self._new_request):
+                self.dispatcher.enqueue(m)
 
     def _flush_steps(self) -> None:
         """Write the step line of every step whose StepDone has arrived and whose weights every
@@ -404,9 +392,7 @@ class EventLoop:
         for index, part in finished:
             if reusable(part, version, r.max_head_offpolicyness, self.episode_tokens, r.max_new_tokens) \
                     and self.gate.capacity() > 0:
-                part.ident = rid = self.next_request
-                self.next_request += 1
-                self.request_index[rid] = index
+                part.ident = self._new_request(index)
                 self.gate.on_enqueued()
                 self.gate.on_submitted()
                 self.gate.on_accepted()
