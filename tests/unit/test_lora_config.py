@@ -1,0 +1,74 @@
+"""`actor.lora` (issue #25 item 1): typed, documented, validated before anything starts; unset is
+full fine-tuning. Nonsense is one line naming the key: rank < 1, a layer the model does not have
+(the built-in model by config, a model.path directory by preflight from its safetensors headers),
+LoRA with the sim trainer, a misspelt key (named before the field it leaves missing)."""
+import json
+import struct
+
+import pytest
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.runtime import preflight
+
+
+def _refused(*overrides, path=None) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, list(overrides))
+    return str(exc.value)
+
+
+def test_unset_is_full_fine_tuning_and_rank_alone_is_enough():
+    assert load_config(None, []).actor.lora is None
+    lora = load_config(None, ["actor.lora.rank=8"]).actor.lora
+    assert (lora.rank, lora.lora_alpha, lora.dropout, lora.target_modules) == (8, 16.0, 0.0, "all-linear")
+    lora = load_config(None, ["actor.lora.rank=4", "actor.lora.alpha=8",
+                              "actor.lora.target_modules=[q_proj,v_proj]"]).actor.lora
+    assert (lora.lora_alpha, lora.target_modules) == (8.0, ["q_proj", "v_proj"])
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (["actor.lora.rank=0"], "'actor.lora.rank'"),
+    (["actor.lora.rank=8.0"], "'actor.lora.rank'"),
+    (["actor.lora.rank=8", "actor.lora.alpha=0"], "'actor.lora.alpha'"),
+    (["actor.lora.rank=8", "actor.lora.dropout=1.0"], "'actor.lora.dropout'"),
+    (["actor.lora.rank=8", "actor.lora.target_modules=[]"], "'actor.lora.target_modules'"),
+    (["actor.lora.rank=8", "actor.lora.target_modules=q_proj"], "'actor.lora.target_modules'"),
+    (["actor.lora.rank=8", "actor.lora.target_modules=[q_proj,qkv_proj]"], "qkv_proj"),
+    (["actor.lora.rnak=8"], "did you mean 'actor.lora.rank'"),
+    (["actor.lora.alpha=8"], "'actor.lora.rank': Field required"),
+])
+def test_nonsense_is_one_line_naming_the_key(overrides, names):
+    msg = _refused(*overrides)
+    assert names in msg and "\n" not in msg
+
+
+def test_lora_with_the_sim_trainer_names_both_keys():
+    msg = _refused("actor.lora.rank=8", path="configs/sim.yaml")
+    assert "actor.lora" in msg and "actor.backend sim" in msg
+
+
+def _model_dir(tmp_path, layers):
+    """A model directory whose only content preflight reads: config.json and a safetensors header."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    header = {f"model.layers.0.{n}.weight": {"dtype": "F32", "shape": [4, 4],
+                                              "data_offsets": [64 * i, 64 * (i + 1)]}
+              for i, n in enumerate(layers)}
+    header["model.norm.weight"] = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
+    raw = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(64 * len(layers)))
+    return d
+
+
+def test_preflight_reads_a_model_dirs_layer_names_from_its_headers(tmp_path):
+    d = _model_dir(tmp_path, ["self_attn.q_proj", "self_attn.c_attn", "mlp.down_proj"])
+    assert preflight.weight_layers(str(d)) == {"q_proj", "c_attn", "down_proj"}   # norm is 1-D
+
+    cfg = load_config(None, [f"model.path={d}", "actor.lora.rank=8",
+                             "actor.lora.target_modules=[c_attn,down_proj]"])
+    preflight._check_lora(cfg)                       # its own names pass, where the tiny model's would not
+    cfg = load_config(None, [f"model.path={d}", "actor.lora.rank=8",
+                             "actor.lora.target_modules=[q_proj,v_proj]"])
+    with pytest.raises(ConfigError, match=r"actor.lora.target_modules.*\['v_proj'\].*c_attn, down_proj, q_proj"):
+        preflight._check_lora(cfg)
