@@ -600,6 +600,13 @@ class RolloutConfig(_Section):
                                 "tokens; the rings are sized from it)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     filter_zero_std: bool = Field(True, description="drop groups whose rewards are all equal (no learning signal)")
+    dynamic_sampling: bool = Field(False, description="DAPO's dynamic sampling: a group whose rewards "
+                                   "are all equal is not trained; its gate slot goes to a new prompt, so "
+                                   "every batch holds B groups that differ (its prompt counts as consumed; "
+                                   "filter_zero_std then has nothing left to drop)")
+    max_consecutive_filtered: int = Field(1000, ge=1, le=10_000_000, description="with dynamic_sampling: "
+                                          "this many groups filtered in a row end the run (exit 1, like "
+                                          "run.empty_batch_limit) instead of sampling forever")
 
     @property
     def concurrency(self) -> int:
@@ -612,6 +619,9 @@ class RolloutConfig(_Section):
             raise ValueError(f"max_observed_offpolicyness={m} is below max_head_offpolicyness={s}: "
                              f"the gate admits rollouts S versions ahead by design, so most would be "
                              f"aborted; lower S instead (the hard bound caps the tail above S)")
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ValueError(f"rollout.dynamic_sampling with rollout.group_size={self.group_size}: a "
+                             f"group of one always has equal rewards, so every group would be filtered")
         return self
 
 

@@ -80,6 +80,7 @@ class EventLoop:
         self.request_index: dict[int, int] = {}   # train request id -> prompt stream index
         self.admitted_since_step = 0
         self.admitted_total = 0
+        self.filtered_since_step = 0              # groups dynamic sampling kept out since the last line
         self.empty_run = 0
         self.ckpts = CheckpointBook(run_dir, cfg.run, metrics, res.trainer_req, start_step)
         self.lines_written = start_step           # last step whose step line is written
@@ -251,7 +252,9 @@ class EventLoop:
                 if summary:
                     self.metrics.write(**summary)
                 continue
-            self.sink.add(group)
+            if not self.sink.add(group):     # dynamic sampling: its slot goes to a new prompt
+                self.gate.on_dropped()
+                self.filtered_since_step += 1
         while True:
             if self.bound is not None:     # the next batch trains at version `built`
                 for rid in enforce(self.bound, self.built, self.dispatcher, self.gate, self.sink):
@@ -303,7 +306,7 @@ class EventLoop:
         self.trained = msg.step
         info, _, parked = self.step_info[msg.step]
         self.step_info[msg.step] = (info, msg, parked)
-        for g in info.parts:
+        for g in info.parts + info.filtered:       # consumed: no resume redoes them
             self.request_index.pop(g.ident, None)
         self.watcher.note_publish_time(msg.publish_time)
         self._flush_steps()
@@ -348,14 +351,17 @@ class EventLoop:
         fields, ages = step_fields(info, done)
         first_after_resume = self.resumed and done.step == self.start_step + 1
         r = self.cfg.rollout
-        if first_after_resume:
-            check_resume_bound(self.admitted_since_step, r.max_head_offpolicyness, r.consumer_batch_size)
+        if first_after_resume:      # a filtered group frees its slot: it does not count against S
+            check_resume_bound(self.admitted_since_step - self.filtered_since_step,
+                               r.max_head_offpolicyness, r.consumer_batch_size)
+        if r.dynamic_sampling:
+            fields["filtered"] = self.filtered_since_step
         self.metrics.write(
             "step", **fields, admitted=self.admitted_since_step, resumed=first_after_resume,
             out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
             parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
             **(self.bound.take_counts() if self.bound is not None else {}))
-        self.admitted_since_step = 0
+        self.admitted_since_step = self.filtered_since_step = 0
         self.lines_written = done.step
         check_mismatch(done.step, done.stats, self.cfg.actor.logprob_diff_limit)
         self.last_ages = {k: v for k, v in ages.items() if k != "age_mean"}

@@ -26,17 +26,25 @@ with `overlong_buffer_len`, the soft punishment is added to each sample's reward
 `overlong_cut` (completions that reached the limit without a stop token), `overlong_filtered`,
 `overlong_penalized` (samples with a penalty) and `overlong_penalty_mean` (over the batch), as far
 as each is configured. `TrainSink.for_config(cfg)` builds the sink of a run.
+
+Dynamic sampling (DAPO; `rollout.dynamic_sampling`): `add(group)` returns False for a group whose
+task rewards (of samples with loss-masked tokens) are all equal: it never enters a batch, the loop
+frees its gate slot (`on_dropped`) so a new prompt fills the batch, and it rides with the next batch
+built (`BatchInfo.filtered`; the step line's `filtered_groups` and `filtered_prompts`), so that its
+prompt counts as consumed exactly when that batch's step does. `rollout.max_consecutive_filtered`
+groups filtered in a row raise `EmptyBatches` (the run ends, exit 1, naming the keys).
 """
 from __future__ import annotations
 
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
 
 from orchestrator.algo import compute_advantages, cut_at_limit, overlong_penalty
 from orchestrator.data.reward_pool import REWARD_ERRORS
+from orchestrator.errors import EmptyBatches
 from orchestrator.envs.base import ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS, TURNS_MAX
 from shm.codec import Sequences, concat
 
@@ -56,6 +64,7 @@ class BatchInfo:
     consumed: Sequences      # every group taken for this batch, before filtering (for age stats)
     episode: dict            # the batch's own step-line fields: multi-turn episodes, overlong counts
     parts: list              # the groups themselves, in completion order
+    filtered: list = field(default_factory=list)   # groups dynamic sampling kept out since the last batch
 
 
 def _flat(r: np.ndarray, live: np.ndarray) -> bool:
@@ -114,8 +123,12 @@ class Overlong:
 class TrainSink:
     def __init__(self, batch_size: int, filter_zero_std: bool,
                  estimator: str = "grpo_population_std", norm_by_std: bool = True,
-                 overlong: Optional[Overlong] = None):
+                 overlong: Optional[Overlong] = None, dynamic_sampling: bool = False,
+                 max_consecutive_filtered: int = 1000):
         self.batch_size = batch_size
+        self.dynamic_sampling, self.max_consecutive_filtered = dynamic_sampling, max_consecutive_filtered
+        self.filtered: list[Sequences] = []     # kept out by dynamic sampling, not yet in a batch
+        self.filtered_in_a_row = 0
         self.filter_zero_std = filter_zero_std
         self.estimator, self.norm_by_std = estimator, norm_by_std
         self.overlong = overlong
@@ -126,10 +139,22 @@ class TrainSink:
         """The train sink of run config `cfg` (rollout and algo sections)."""
         r, a = cfg.rollout, cfg.algo
         return cls(r.consumer_batch_size, r.filter_zero_std, a.advantage, a.norm_by_std,
-                   Overlong.for_config(cfg))
+                   Overlong.for_config(cfg), r.dynamic_sampling, r.max_consecutive_filtered)
 
-    def add(self, group: Sequences) -> None:
+    def add(self, group: Sequences) -> bool:
+        """Queue a finished group for a batch; False: dynamic sampling kept it out (see above)."""
+        if self.dynamic_sampling and _flat(group.rewards.astype(np.float64), _masked_per_seq(group) > 0):
+            self.filtered.append(group)
+            self.filtered_in_a_row += 1
+            if self.filtered_in_a_row >= self.max_consecutive_filtered:
+                raise EmptyBatches(
+                    f"{self.filtered_in_a_row} groups in a row had equal rewards and were filtered "
+                    f"(rollout.dynamic_sampling, rollout.max_consecutive_filtered="
+                    f"{self.max_consecutive_filtered}): check the task's reward function / environment", 1)
+            return False
+        self.filtered_in_a_row = 0
         self.pending.append(group)
+        return True
 
     def ready(self) -> bool:
         return len(self.pending) >= self.batch_size
@@ -171,7 +196,11 @@ class TrainSink:
                          reward_errors=int(sum(g.scalars[REWARD_ERRORS] for g in groups
                                                if g.scalars.size > REWARD_ERRORS)),
                          consumed=consumed, episode={**_episode_fields(groups), **shaping},
-                         parts=groups)
+                         parts=groups, filtered=self.filtered)
+        if self.dynamic_sampling:
+            info.episode.update(filtered_groups=len(self.filtered),
+                                filtered_prompts=[int(g.prompt_ids[0]) for g in self.filtered])
+        self.filtered = []
         return batch, info
 
 

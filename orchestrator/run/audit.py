@@ -9,6 +9,9 @@ codec records of older runs) with ident K, version K-1 and B*group_size samples;
 trained twice, and when final every prompt of the stream 0..T*B-1 (mod task.num_train_prompts) is
 trained exactly once, group_size samples each. The prompt check assumes every batch holds all its
 groups (rollout.filter_zero_std=false): with the filter on, dropped groups count as never trained.
+With rollout.dynamic_sampling, the groups it filtered (each step line's `filtered_prompts`) count as
+consumed, the stream is 0..T*B+F-1 (F filtered groups), and the resume bound is on admissions less
+the filtered groups whose slots they took (`filtered`).
 With `run.keep_batches`, batch files may be gone (pruned): they are counted (`batches_pruned`), the
 kept ones are checked, and "every prompt trained" cannot be (only "none twice"). Which ones may be
 gone is read from `checkpoints/retention.jsonl` (one line per checkpoint commit: its step c and the
@@ -108,14 +111,18 @@ def audit(run_dir, final: bool = True) -> dict:
     if final and not final_ok:
         failures.append(f"last step line is {numbers[-1] if numbers else None}, target {target}")
     resumed = [x for x in steps if x.get("resumed")]
-    over = [(x["step"], x.get("admitted")) for x in resumed if not (x.get("admitted", 0) <= bound)]
+    over = [(x["step"], x.get("admitted")) for x in resumed        # filtered groups freed their slots
+            if not (x.get("admitted", 0) - x.get("filtered", 0) <= bound)]
     if over:
         failures.append(f"first step after resume admitted more than (S+1)*B={bound}: {over}")
 
     # prompts: steps 1..k (k = the last contiguous step line)
     k = target if final else (len(numbers) if contiguous else 0)
+    # dynamic sampling: groups filtered instead of trained consume their prompts too (listed by the
+    # step line of the batch they rode with), so the stream is that much longer
+    filtered = [int(p) for x in steps[:k] for p in x.get("filtered_prompts") or ()]
     expected = Counter()
-    for index in range(target * B):
+    for index in range(target * B + len(filtered)):
         expected[index % num_train] += g
     prunable = _prunable_upto(run_dir, cfg["run"].get("keep_batches"), k)
     seen, batch_errors, pruned = Counter(), [], 0
@@ -137,6 +144,8 @@ def audit(run_dir, final: bool = True) -> dict:
             batch_errors.append(f"step {step}: ident {b.ident}, version {b.version}, {n} samples "
                                 f"(expected {step}, {step - 1}, {B * g})")
         seen.update(int(i) for i in b.prompt_ids.tolist())
+    for p in filtered:
+        seen[p] += g
     if batch_errors:
         failures.append(f"batch files: {batch_errors[:5]}" + (f" (+{len(batch_errors) - 5})"
                                                               if len(batch_errors) > 5 else ""))
