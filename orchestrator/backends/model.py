@@ -234,12 +234,14 @@ def _tensor_views(layout: FlatLayout, buf: torch.Tensor):
         yield s, buf[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
 
 
-def write_flat_tensor(model, buf: Optional[torch.Tensor], layout: Optional[FlatLayout] = None) -> None:
+def write_flat_tensor(model, buf: Optional[torch.Tensor], layout: Optional[FlatLayout] = None,
+                      source=None) -> None:
     """Like write_flat, into a uint8 tensor on any device (the CUDA IPC path). Sharded parameters
     (DTensors) are gathered first, a collective every rank joins: ranks other than the writer
-    pass `buf=None`."""
+    pass `buf=None`. `source`: a mapping layout name -> tensor written instead of the model's
+    parameter (LoRA's merged weights), read once per slot in layout order on every rank."""
     layout = layout or flat_layout(model)
-    params = dict(model.named_parameters())
+    params = source if source is not None else dict(model.named_parameters())
     views = dict(_tensor_views(layout, buf)) if buf is not None else {}
     with torch.no_grad():
         for s in layout.slots:

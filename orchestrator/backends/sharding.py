@@ -22,12 +22,14 @@ Contract:
   rows of every parameter (FSDP2 chunks dim 0 in ceil(n / world) rows), under ddp or none whole
   parameters dealt to ranks by bytes. Together the ranks write every byte exactly once, and no
   weight passes through rank 0 (`trainer_worker.publish_together` puts them in the weight buffer).
-- `sharded_state(model, optimizer)`: this rank's model and optimizer state as DCP saves it (shards
-  as DTensors); `save_sharded(dir, state, group)` writes such a state (a copy of it: the write may
+  `source` replaces the parameters by other tensors of the same names and shapes (LoRA's merged
+  weights).
+- `sharded_state(model, optimizer, trainable_only=False)`: this rank's model and optimizer state as
+  DCP saves it (shards as DTensors; `trainable_only`: frozen parameters left out, LoRA's base); `save_sharded(dir, state, group)` writes such a state (a copy of it: the write may
   run while training goes on) with `torch.distributed.checkpoint`, every rank its shards, fsynced,
   its collectives on `group`; when it returns on rank 0, every rank's files are written (DCP's
   last step gathers every rank's write result before rank 0 writes the metadata).
-  `load_sharded(dir, model, optimizer)` reads it back, and `full_state(model)`: the full parameters
+  `load_sharded(dir, model, optimizer, trainable_only=False)` reads it back, and `full_state(model)`: the full parameters
   on rank 0 (CPU), for the checkpoint's `hf/` export.
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -163,26 +165,27 @@ def local_tensor(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if hasattr(p, "to_local") else p
 
 
-def shard_writes(model, layout: FlatLayout, rank: int, world: int,
-                 strategy: str) -> list[tuple[Slot, int, torch.Tensor]]:
-    params = dict(unwrap(model).named_parameters())
+def shard_writes(model, layout: FlatLayout, rank: int, world: int, strategy: str,
+                 source=None) -> Iterator[tuple[Slot, int, torch.Tensor]]:
+    """`source`: a mapping layout name -> tensor to write instead of the model's parameter of that
+    name (LoRA's merged weights: `lora.MergedSource`); read lazily, one slot at a time, and under
+    fsdp for every slot in layout order (it may be a collective)."""
+    params = source if source is not None else dict(unwrap(model).named_parameters())
     if strategy == "fsdp":
-        out = []
         for s in layout.slots:
             local = local_tensor(params[s.name]).detach()
             if not s.numel or not local.numel():
                 continue
             rows = -(-s.shape[0] // world)                     # ceil: FSDP2's dim-0 chunk
             row_bytes = s.nbytes // s.shape[0]
-            out.append((s, rank * rows * row_bytes, local))
-        return out
-    loads, mine = [0] * world, []
+            yield s, rank * rows * row_bytes, local
+        return
+    loads = [0] * world
     for s in sorted(layout.slots, key=lambda s: (-s.nbytes, s.offset)):
         r = min(range(world), key=lambda r: (loads[r], r))
         loads[r] += s.nbytes
         if r == rank:
-            mine.append((s, 0, params[s.name].detach()))
-    return mine
+            yield s, 0, params[s.name].detach()
 
 
 def write_shards(writes, view_of) -> None:
@@ -195,10 +198,17 @@ def write_shards(writes, view_of) -> None:
 
 # ------------------------------------------------------------------------------- checkpoints
 
-def sharded_state(model, optimizer) -> dict:
+def _options(trainable_only: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # loading only the trainable part leaves the frozen keys missing on purpose: not strict then
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def sharded_state(model, optimizer, trainable_only: bool = False) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     return {"model": msd, "optim": osd}
 
 
@@ -209,7 +219,7 @@ def save_sharded(directory: str, state: dict, group) -> None:
              storage_writer=dcp.FileSystemWriter(os.path.join(directory, DCP_DIR), sync_files=True))
 
 
-def load_sharded(directory: str, model, optimizer) -> None:
+def load_sharded(directory: str, model, optimizer, trainable_only: bool = False) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -217,10 +227,10 @@ def load_sharded(directory: str, model, optimizer) -> None:
     if not os.path.isdir(path):
         raise ValueError(f"checkpoint {directory} has no sharded state ({DCP_DIR}/): it was written "
                          f"by a single-rank trainer")
-    state = sharded_state(model, optimizer)
+    state = sharded_state(model, optimizer, trainable_only)
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+                   optim_state_dict=state["optim"], options=_options(trainable_only))
 
 
 def full_state(model) -> dict[str, torch.Tensor]:

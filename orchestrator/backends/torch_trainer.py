@@ -75,7 +75,7 @@ from orchestrator.backends.model import (build_model, export_hf, flat_layout, fl
 from orchestrator.config import AlgoConfig
 from shm.codec import Sequences
 
-MODEL_FILE, OPTIM_FILE, HF_DIR = "model.safetensors", "optimizer.pt", "hf"
+MODEL_FILE, OPTIM_FILE, HF_DIR, ADAPTER_DIR = "model.safetensors", "optimizer.pt", "hf", "adapter"
 RANKS_FILE, RANK_STATE = "ranks.json", "trainer_state.pt"
 
 
@@ -167,11 +167,18 @@ class TorchTrainer:
         self.group = group
         self.rank, self.world = (group.rank, group.world) if group else (0, 1)
         self.strategy = actor_cfg.strategy if group else "none"
-        module = build_model(model_cfg, len(self.tokens.tokenizer), seed).to(self.device)
-        self.layout = flat_layout(module)
-        self.model = sharding.share(module, actor_cfg, group)
+        module = build_model(model_cfg, len(self.tokens.tokenizer), seed)
+        self.layout = flat_layout(module)               # the base model's: what inference loads
+        self.peft, self.base = None, None
+        if actor_cfg.lora is not None:                  # adapters on a frozen base (backends.lora)
+            from orchestrator.backends import lora
+            self.base = {"path": model_cfg.path, "hash": weights_hash(module),
+                         **lora.signature(actor_cfg.lora)}
+            self.peft = lora.wrap(module, actor_cfg.lora, seed, model_cfg.path)
+        self.model = sharding.share(module.to(self.device), actor_cfg, group)
         self.module = sharding.unwrap(self.model)     # the HF model (its parameters may be shards)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=actor_cfg.lr)
+        self.trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.trained, lr=actor_cfg.lr)
         self.steps = 0
         self.ref, self.ref_hash = None, None
         if actor_cfg.kl_ctl > 0:
@@ -372,7 +379,7 @@ class TorchTrainer:
                     sums[k] = sums.get(k, 0.0) + v * (weights[m] if k in AGGREGATES else shares[m])
             keys = sorted(sums)
             sums = dict(zip(keys, self._reduce([sums[k] for k in keys])))
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            gn = torch.nn.utils.clip_grad_norm_(self.trained, self.cfg.max_grad_norm)
             self.optimizer.step()
             sums["grad_norm"] = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
             if epoch == 0 and "kl_ref_mean" in sums:     # the policy before this step's update
@@ -420,15 +427,24 @@ class TorchTrainer:
     def weight_nbytes(self) -> int:
         return self.layout.nbytes
 
+    def _merged(self, gather: bool):
+        """With LoRA, the base + B x A weights to publish under the base's names; else None."""
+        if self.peft is None:
+            return None
+        from orchestrator.backends.lora import MergedSource
+        return MergedSource(self.module, self.layout, gather)
+
     def write_weights(self, out: memoryview) -> None:
-        """This rank's part of the flat weights (sharding.shard_writes): all of them on one rank."""
-        writes = sharding.shard_writes(self.model, self.layout, self.rank, self.world, self.strategy)
+        """This rank's part of the flat weights (sharding.shard_writes): all of them on one rank.
+        With LoRA the merged weights, in the base model's layout."""
+        writes = sharding.shard_writes(self.model, self.layout, self.rank, self.world, self.strategy,
+                                       self._merged(gather=False))
         sharding.write_shards(writes, flat_views(out, self.layout.nbytes))
 
     def write_weights_tensor(self, out: Optional[torch.Tensor]) -> None:
         """CUDA IPC path: the full flat weights into rank 0's uint8 buffer on its device; with
         ranks every rank calls it (parameters are gathered) and the others pass None."""
-        write_flat_tensor(self.module, out, self.layout)
+        write_flat_tensor(self.module, out, self.layout, self._merged(gather=True))
 
     # ------------------------------------------------------------------ checkpoints
     def _rng(self) -> dict:
@@ -452,6 +468,8 @@ class TorchTrainer:
         state = _to_cpu({"steps": self.steps, **self._rng()})
         if self.ref_hash is not None:
             state["ref_hash"] = self.ref_hash
+        if self.peft is not None:
+            return self._snapshot_lora(state)
         module, tokenizer = self.module, self.tokens.tokenizer
         if self.group is None:
             weights = _to_cpu(self.module.state_dict())
@@ -477,6 +495,39 @@ class TorchTrainer:
                 _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
         return write_ranks
 
+    def _snapshot_lora(self, state: dict):
+        """LoRA checkpoints: `adapter/` (a peft adapter directory, the adapters in full) instead
+        of `hf/`, and only the adapters' optimizer state; the state names the base (`lora`: its
+        path, weights hash, rank, alpha and targets). One rank: + `optimizer.pt`; ranks: `dcp/`
+        (the adapters and their Adam state, sharded), `trainer_state.pt` and `ranks.json`."""
+        import copy
+
+        from orchestrator.backends import lora
+        state["lora"] = dict(self.base)
+        config = copy.deepcopy(self.peft.peft_config[lora.ADAPTER])
+        tensors = lora.adapter_tensors(self.peft)        # with ranks: gathered (a collective)
+        if self.group is None:
+            state["optimizer"] = _to_cpu(self.optimizer.state_dict())
+
+            def write(directory: str) -> None:
+                os.makedirs(directory, exist_ok=True)
+                lora.write_adapter(os.path.join(directory, ADAPTER_DIR), config, tensors)
+                _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
+            return write
+
+        shards = _to_cpu(sharding.sharded_state(self.model, self.optimizer, trainable_only=True))
+        rank, group = self.rank, self.group
+        meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
+
+        def write_ranks(directory: str) -> None:
+            os.makedirs(directory, exist_ok=True)
+            sharding.save_sharded(directory, shards, group.saves)
+            if rank == 0:
+                lora.write_adapter(os.path.join(directory, ADAPTER_DIR), config, tensors)
+                _atomic(directory, RANK_STATE, lambda path: torch.save(state, path))
+                _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
+        return write_ranks
+
     def save(self, directory: str) -> None:
         """`snapshot()` written at once: one rank `hf/` + `optimizer.pt`; ranks (every rank calls
         it) `dcp/` (each rank its shards), `hf/` exported by rank 0 from the gathered parameters,
@@ -496,6 +547,13 @@ class TorchTrainer:
         state = torch.load(os.path.join(directory, OPTIM_FILE), map_location=self.device,
                            weights_only=True)
         self._check_reference(state, directory)           # before anything is changed
+        self._check_base(state, directory)
+        if self.peft is not None:
+            from orchestrator.backends import lora
+            lora.load_adapter(self.peft, lora.read_adapter(os.path.join(directory, ADAPTER_DIR))[1])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self._restore(state)
+            return
         tensors = read_weights(directory)
         params = dict(self.model.named_parameters())
         if set(tensors) != set(params):
@@ -518,7 +576,9 @@ class TorchTrainer:
                              f"has {self.world} ranks sharded by {self.strategy}")
         state = torch.load(os.path.join(directory, RANK_STATE), map_location="cpu", weights_only=True)
         self._check_reference(state, directory)
-        sharding.load_sharded(directory, self.model, self.optimizer)
+        self._check_base(state, directory)
+        sharding.load_sharded(directory, self.model, self.optimizer,
+                              trainable_only=self.peft is not None)
         self._restore(state)
 
     def _check_reference(self, state: dict, directory: str) -> None:
@@ -528,6 +588,29 @@ class TorchTrainer:
             raise ValueError(f"checkpoint {directory} was trained against another KL reference "
                              f"model (weights hash {saved[:16]}, this run's {self.ref_hash[:16]}): "
                              f"resume with the same actor.ref_path / model")
+
+    def _check_base(self, state: dict, directory: str) -> None:
+        """A LoRA checkpoint resumes only as LoRA of the same rank, alpha and targets on the same
+        base weights; a full fine-tune's only without LoRA."""
+        saved = state.get("lora")
+        if saved is None and self.base is None:
+            return
+        if saved is None:
+            raise ValueError(f"checkpoint {directory} holds a full fine-tune, not LoRA adapters: "
+                             f"resume without actor.lora (or start a new run.dir)")
+        if self.base is None:
+            raise ValueError(f"checkpoint {directory} holds LoRA adapters (rank {saved['rank']}): "
+                             f"resume with the same actor.lora")
+        if saved["hash"] != self.base["hash"]:
+            def name(base: dict) -> str:
+                return f"model.path={base['path']}" if base["path"] else "the built-in model of run.seed"
+            raise ValueError(f"checkpoint {directory} trained adapters on another base model: "
+                             f"{name(saved)} (weights hash {saved['hash'][:16]}), this run's "
+                             f"{name(self.base)} (weights hash {self.base['hash'][:16]})")
+        for key in ("rank", "alpha", "target_modules"):
+            if saved[key] != self.base[key]:
+                raise ValueError(f"checkpoint {directory} holds adapters of actor.lora.{key}="
+                                 f"{saved[key]}, this run has {self.base[key]}")
 
     def _restore(self, state: dict) -> None:
         self.steps = int(state["steps"])

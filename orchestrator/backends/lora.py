@@ -1,0 +1,167 @@
+"""LoRA adapters (peft) on the trainer's model: wrapping, the merged weights inference loads, and
+the adapter files checkpoints and exports hold.
+
+Contract (issue #25; `actor.lora` of orchestrator.config):
+- `wrap(module, lora_cfg, seed) -> PeftModel`: peft's LoRA injected into `module` in place (its
+  target layers become peft LoRA layers: parameters `<layer>.base_layer.weight`,
+  `<layer>.lora_A.default.weight`, `<layer>.lora_B.default.weight`; `peft_model.base_model.model is
+  module`, so the trainer shares and trains `module` as it does a plain model). Only the adapters
+  require grad; their init is deterministic in `seed` (A kaiming-uniform, B zero: version 0's merged
+  weights are the base's), so every trainer rank builds the same adapters.
+- `MergedSource(module, layout, gather)`: a mapping from the flat layout's names (the base model's,
+  what inference loads) to tensors: a LoRA layer's weight is W + scaling x B @ A (transposed for
+  fan_in_fan_out layers; computed in float32, cast to W's dtype), every other name the parameter
+  itself. `gather=False`: under FSDP2 each rank's own dim-0 rows (its rows of W and B, A gathered:
+  a collective, so every rank reads every LoRA slot, in layout order); `gather=True`: full tensors
+  (every sharded tensor gathered; the CUDA IPC path, where rank 0 writes the whole layout).
+- Adapter files (a peft adapter directory: `adapter_config.json` + `adapter_model.safetensors`,
+  what `peft.PeftModel.from_pretrained(base, dir)` loads): `adapter_tensors(module, full)` -> the
+  adapter parameters by peft's saved names (a CPU copy); `write_adapter(dir, config, tensors)`;
+  `read_adapter(dir)`; `load_adapter(module, tensors)` copies them in (names checked both ways).
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Iterator
+
+import torch
+
+ADAPTER = "default"                          # peft's adapter name
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+SAVED_PREFIX = "base_model.model."           # peft's saved names: a PeftModel's, adapter name dropped
+
+
+def peft_config(lora_cfg, base_path=None):
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.lora_alpha,
+                      lora_dropout=lora_cfg.dropout, bias="none",
+                      target_modules=lora_cfg.target_modules, task_type="CAUSAL_LM",
+                      base_model_name_or_path=base_path)
+
+
+def wrap(module, lora_cfg, seed: int, base_path=None):
+    from peft import get_peft_model
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(seed)                 # deterministic adapters; the caller's RNG untouched
+        warnings.simplefilter("ignore", FutureWarning)   # transformers' deprecations peft calls
+        peft_model = get_peft_model(module, peft_config(lora_cfg, base_path))
+    assert peft_model.base_model.model is module
+    return peft_model
+
+
+def lora_layers(module) -> dict[str, object]:
+    """The peft LoRA layers of `module` by module name."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in module.named_modules() if isinstance(m, LoraLayer)}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class MergedSource(Mapping):
+    """Layout name -> tensor to publish (see the module contract). Read lazily: one merged
+    tensor at a time."""
+
+    def __init__(self, module, layout, gather: bool):
+        self.params = dict(module.named_parameters())
+        self.layers = lora_layers(module)
+        self.names = [s.name for s in layout.slots]
+        self.gather = gather
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        prefix, _, leaf = name.rpartition(".")
+        layer = self.layers.get(prefix)
+        if layer is None:
+            p = self.params[name].detach()
+            return _full(p) if self.gather else p
+        base = getattr(layer.base_layer, leaf).detach()
+        if leaf != "weight":
+            return _full(base) if self.gather else base
+        a = _full(layer.lora_A[ADAPTER].weight.detach())           # [r, in]: small, gathered
+        b = layer.lora_B[ADAPTER].weight.detach()                   # [out, r]
+        scale = layer.scaling[ADAPTER]
+        if layer.fan_in_fan_out:           # W is [in, out]: its rows are A's columns; take them whole
+            w = _full(base)
+            merged = w + ((_full(b).float() @ a.float()).T * scale).to(w.dtype)
+            if self.gather or not hasattr(base, "to_local"):
+                return merged
+            rows = -(-w.shape[0] // base.device_mesh.size())
+            lo = rows * base.device_mesh.get_local_rank()
+            return merged[lo:lo + _local(base).shape[0]]
+        if self.gather:
+            w, b = _full(base), _full(b)
+        else:
+            w, b = _local(base), _local(b)    # the same dim-0 rows of W and B (both out-major)
+        return w + ((b.float() @ a.float()) * scale).to(w.dtype)
+
+
+def adapter_tensors(peft_model, full: bool = True) -> dict[str, torch.Tensor]:
+    """The adapter parameters by peft's saved names, copied to CPU; `full`: sharded ones
+    gathered (a collective)."""
+    from peft import get_peft_model_state_dict
+
+    module = peft_model.base_model.model
+    state = {}
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            t = _full(p.detach()) if full else _local(p.detach())
+            state[SAVED_PREFIX + name] = t.to("cpu", copy=True)
+    return get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER)
+
+
+def write_adapter(directory: str, config, tensors: dict[str, torch.Tensor]) -> None:
+    """A peft adapter directory: `config` (a peft LoraConfig) as adapter_config.json and `tensors`
+    (adapter_tensors) as adapter_model.safetensors."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    config.save_pretrained(directory)
+    save_file({k: v.contiguous() for k, v in tensors.items()},
+              os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def read_adapter(directory: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(adapter_config.json as a dict, tensors) of a peft adapter directory."""
+    from safetensors.torch import load_file
+
+    with open(os.path.join(directory, CONFIG_FILE), "rb") as f:
+        config = json.loads(f.read())
+    return config, load_file(os.path.join(directory, WEIGHTS_FILE))
+
+
+def load_adapter(peft_model, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy saved adapter tensors (one rank: plain parameters) into the model's adapters; a
+    missing or unexpected name is a ValueError naming a few."""
+    from peft import set_peft_model_state_dict
+
+    want = set(adapter_tensors(peft_model, full=False))
+    if set(tensors) != want:
+        extra, missing = sorted(set(tensors) - want), sorted(want - set(tensors))
+        raise ValueError(f"the adapter does not match the model's LoRA layers (unexpected "
+                         f"{extra[:3]}, missing {missing[:3]})")
+    with torch.no_grad():
+        set_peft_model_state_dict(peft_model, tensors, adapter_name=ADAPTER)
+
+
+def signature(lora_cfg) -> dict:
+    """What a checkpoint's adapters must match to be resumed: rank, alpha, target modules."""
+    targets = lora_cfg.target_modules
+    return {"rank": lora_cfg.rank, "alpha": lora_cfg.lora_alpha,
+            "target_modules": targets if isinstance(targets, str) else sorted(targets)}

@@ -1,0 +1,192 @@
+"""LoRA in the torch trainer (issue #25 items 1-3): only the adapters train; what inference gets is
+base + B x A in the base model's flat layout (equal to peft's own merge_and_unload); checkpoints
+hold the adapters and their optimizer state only (a small fraction of a full one) and the base's
+hash, resume bit for bit, and refuse another base, another rank or a full fine-tune; 1 rank and 2
+gloo FSDP2 ranks (with micro-batches, packed) give the same loss, gradients and merged weights, and
+a sharded LoRA checkpoint resumes exactly. Real processes, a real gloo group, real files."""
+import copy
+import faulthandler
+import mmap
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from orchestrator.backends.model import build_model, load_flat
+from orchestrator.backends.torch_trainer import TorchTrainer
+from orchestrator.config import ActorConfig, AlgoConfig, ModelConfig, TaskConfig
+from orchestrator.runtime.rank_failures import free_port, rendezvous_env
+from tests.integration.test_trainer_ranks import BASE, MODEL, make_batch
+
+LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}
+ACTOR = {**BASE, "lr": 1e-2}
+
+
+def _trainer(lora=LORA, group=None, seed=3, **actor) -> TorchTrainer:
+    cfg = ActorConfig(**{**ACTOR, **actor, "lora": lora})
+    return TorchTrainer(ModelConfig(**MODEL), cfg, TaskConfig(name="copy2"), seed=seed, group=group,
+                        algo=AlgoConfig())
+
+
+def _step(tr, i):
+    batch = make_batch(seed=i)
+    batch.ident = i + 1
+    return tr.train_step(batch)
+
+
+def _published(tr) -> bytes:
+    buf = bytearray(tr.weight_nbytes())
+    tr.write_weights(memoryview(buf))
+    return bytes(buf)
+
+
+def _files(directory) -> dict[str, int]:
+    out = {}
+    for d, _, names in os.walk(directory):
+        for n in names:
+            out[os.path.relpath(os.path.join(d, n), directory)] = os.path.getsize(os.path.join(d, n))
+    return out
+
+
+def test_only_the_adapters_train_and_version_0_is_the_base():
+    tr = _trainer()
+    full = _trainer(lora=None)
+    assert _published(tr) == _published(full)       # B = 0: the merged weights are the base's
+    assert tr.layout == full.layout                  # the layout inference loads, unchanged
+    before = {n: p.detach().clone() for n, p in tr.module.named_parameters()}
+    for i in range(3):
+        assert _step(tr, i)["skipped"] == 0
+    changed = {n for n, p in tr.module.named_parameters() if not torch.equal(p, before[n])}
+    adapters = {n for n, p in tr.module.named_parameters() if p.requires_grad}
+    assert changed == adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    assert len(adapters) == 2 * 4 * MODEL["num_layers"]
+    state = tr.optimizer.state_dict()["state"]       # Adam's moments for the adapters only
+    assert len(state) == len(adapters)
+    assert sum(s["exp_avg"].numel() for s in state.values()) == sum(
+        p.numel() for p in tr.module.parameters() if p.requires_grad)
+    assert _published(tr) != _published(full)
+
+
+def test_merged_publish_equals_peft_merge_and_unload():
+    tr = _trainer(lora={**LORA, "dropout": 0.1})
+    for i in range(3):
+        _step(tr, i)
+    merged = copy.deepcopy(tr.peft).merge_and_unload()
+    inference = build_model(ModelConfig(**MODEL), len(tr.tokens.tokenizer), 3)  # what a worker holds
+    load_flat(inference, memoryview(bytearray(_published(tr))), tr.layout)
+    names = [n for n, _ in inference.named_parameters()]
+    assert names == [n for n, _ in merged.named_parameters()]
+    for (name, a), (_, b) in zip(merged.named_parameters(), inference.named_parameters()):
+        assert torch.equal(a, b), name
+    # and the trainer's own forward (base + adapters, no dropout in eval) is the merged model's
+    batch = make_batch(seed=7)
+    lp = tr.compute_logprobs(batch)
+    tr.peft.base_model.model, keep = merged, tr.module       # the same forward on merged weights
+    tr.model = merged
+    try:
+        lp_merged = tr.compute_logprobs(batch)
+    finally:
+        tr.model = keep
+    assert np.abs(lp - lp_merged).max() < 1e-5
+
+
+def test_checkpoint_holds_the_adapters_and_resumes_bit_for_bit(tmp_path):
+    tr = _trainer()
+    for i in range(2):
+        _step(tr, i)
+    tr.save(str(tmp_path / "lora"))
+    files = _files(tmp_path / "lora")
+    assert set(files) == {"optimizer.pt", "adapter/adapter_config.json",
+                          "adapter/adapter_model.safetensors"}
+    full = _trainer(lora=None)
+    _step(full, 0)
+    full.save(str(tmp_path / "full"))
+    assert sum(files.values()) < 0.35 * sum(_files(tmp_path / "full").values())
+    state = torch.load(tmp_path / "lora" / "optimizer.pt", weights_only=True)
+    assert state["lora"]["hash"] == tr.base["hash"] and state["lora"]["rank"] == 4
+
+    again = _trainer()
+    again.load(str(tmp_path / "lora"))
+    want, got = _step(tr, 2), _step(again, 2)
+    assert (got["loss"], got["grad_norm"]) == (want["loss"], want["grad_norm"])
+    assert _published(again) == _published(tr)
+
+
+def test_resume_refuses_another_base_rank_or_kind(tmp_path):
+    tr = _trainer()
+    _step(tr, 0)
+    tr.save(str(tmp_path / "lora"))
+    with pytest.raises(ValueError, match=r"another base model.*built-in model of run.seed.*hash "
+                                         r"[0-9a-f]{16}.*hash [0-9a-f]{16}"):
+        _trainer(seed=4).load(str(tmp_path / "lora"))
+    with pytest.raises(ValueError, match="actor.lora.rank=4, this run has 8"):
+        _trainer(lora={**LORA, "rank": 8}).load(str(tmp_path / "lora"))
+    with pytest.raises(ValueError, match="holds LoRA adapters"):
+        _trainer(lora=None).load(str(tmp_path / "lora"))
+    full = _trainer(lora=None)
+    full.save(str(tmp_path / "full"))
+    with pytest.raises(ValueError, match="holds a full fine-tune"):
+        _trainer().load(str(tmp_path / "full"))
+
+
+# ------------------------------------------------------------------------------- trainer ranks
+
+def _rank(rank, world, port, actor, ckpt, weights_path, out, phase):
+    """phase 'run': steps on batches 0 and 1, saving after step 1; 'load': load, step on batch 1.
+    Rank 0 saves the stats and the last step's gradients; every rank writes its merged shards."""
+    from orchestrator.backends.sharding import RankGroup
+    faulthandler.enable(all_threads=True)
+    os.environ.update(rendezvous_env(rank, world, port))
+    torch.set_num_threads(1)
+    actor = {**actor, "num_ranks": world}
+    tr = _trainer(group=RankGroup.from_env(ActorConfig(**ACTOR, **actor), torch.device("cpu")), **actor)
+    stats = []
+    if phase == "load":
+        tr.load(ckpt)
+    else:
+        stats.append(_step(tr, 0))
+        tr.save(ckpt)
+    stats.append(_step(tr, 1))
+    grads = {k: v for k, v in tr.gradients().items() if v is not None}
+    with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        tr.write_weights(memoryview(mm))
+        del mm
+    if rank == 0:
+        torch.save({"stats": stats, "grads": grads}, out)
+    tr.group.barrier()
+    tr.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)     # as trainer workers do: gloo's native threads may abort at finalization
+
+
+def test_two_fsdp_ranks_same_lora_loss_gradients_weights_and_resume(tmp_path):
+    one = _trainer()
+    want = [_step(one, 0), _step(one, 1)]
+    want_grads = {k: v for k, v in one.gradients().items() if v is not None}
+    want_weights = np.frombuffer(_published(one), np.float32)
+    ckpt, out = str(tmp_path / "ckpt"), tmp_path / "rank0.pt"
+    actor = {"sharding": "fsdp", "micro_batch_tokens": 30, "pack_sequences": True}
+    got = {}
+    for phase in ("run", "load"):
+        path = tmp_path / f"w-{phase}"
+        path.write_bytes(b"\xff" * one.weight_nbytes())        # bytes no rank wrote stay 0xff
+        mp.start_processes(_rank, args=(2, free_port(), actor, ckpt, str(path), str(out), phase),
+                           nprocs=2, start_method="spawn", join=True)
+        got[phase] = torch.load(out, weights_only=False), path.read_bytes()
+    (run, run_weights), (resumed, resumed_weights) = got["run"], got["load"]
+    for s0, s1 in zip(want, run["stats"]):
+        for k in ("loss", "entropy", "clip_frac", "grad_norm", "logprob_diff_mean", "tokens"):
+            assert s1[k] == pytest.approx(s0[k], rel=1e-4, abs=1e-6), k
+    assert set(run["grads"]) == set(want_grads)
+    assert any(float(g.abs().max()) > 0 for k, g in want_grads.items() if ".lora_A." in k)
+    for k, g in want_grads.items():
+        assert torch.allclose(run["grads"][k], g, rtol=1e-4, atol=1e-6), k
+    assert np.allclose(np.frombuffer(run_weights, np.float32), want_weights, rtol=1e-4, atol=1e-6)
+    assert resumed_weights == run_weights             # the sharded adapters and Adam state came back
+    assert resumed["stats"][0]["loss"] == run["stats"][1]["loss"]
+    files = _files(ckpt)
+    assert "adapter/adapter_model.safetensors" in files and not any(f.startswith("hf/") for f in files)
