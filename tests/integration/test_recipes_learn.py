@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 200          # the default job runs 800 for its 0.8 target; 0.3 of gain comes well before
 WINDOW = 50
-FIELDS = {"dapo": ["overlong_cut", "overlong_penalized", "overlong_penalty_mean"],
+FIELDS = {"dapo": ["overlong_cut", "overlong_penalized", "overlong_penalty_mean", "filtered_groups"],
           "grpo": ["kl_ref_mean", "train_kl_ref_loss"]}
 DEFAULT_SUITE = "dapo"
 RECIPES = sorted(p.stem for p in (ROOT / "configs" / "recipes").glob("*.yaml"))
