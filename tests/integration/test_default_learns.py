@@ -10,8 +10,10 @@ import pytest
 from tests.integration.lifecycle import run_embedded
 
 
-# two ranks: a 2-3 minute learning run on 2 cores, slow-marked; the default suite runs 2-rank runs
-# end to end in test_rank_failures and the equivalence of the 2-rank step in test_trainer_ranks
+# one rank: the default suite's one learning run of the embedded job (400 steps, about two minutes
+# on 2 free cores; the bounds hold over seeds 0-4, see configs/default.yaml). Two ranks: slow-marked;
+# the default suite runs 2-rank runs end to end in test_rank_failures and the equivalence of the
+# 2-rank step in test_trainer_ranks
 @pytest.mark.parametrize("ranks", [[], pytest.param(["actor.num_ranks=2"], marks=pytest.mark.slow)],
                          ids=["one-rank", "two-ranks"])
 def test_default_job_learns(tmp_path, ranks):
