@@ -12,7 +12,9 @@ bytes on rank 0 (the baseline). The table prints medians with the spread (min-ma
 tokens/s, tokens/s per rank, the ratio to 1 rank with the same split, the ratio to the same ranks
 with one pass per rank (micro-batch overhead) and to padded passes (packing), publish / memcpy.
 On a GPU it also prints model FLOPs utilisation (6 x parameters x tokens / time / peak dense bf16,
-per rank); the model computes in bfloat16 there. `--json OUT` writes every row to OUT.
+per rank); the model computes in bfloat16 there. `--kl` adds a one-pass case with a KL term to a
+frozen reference (`actor.kl_ctl`, #24): its "vs 1 pass" column is the reference forward's cost
+(tokens/s with it over tokens/s without). `--json OUT` writes every row to OUT.
 CPU ranks each get `--threads` intra-op threads, so N ranks use N x threads cores.
 """
 from __future__ import annotations
@@ -66,7 +68,8 @@ def _rank(rank, world, port, args, case, wname, out):
     actor = ActorConfig(backend="torch", threads=args.threads, num_ranks=world,
                         sharding="fsdp" if world > 1 else "none", ppo_epochs=1,
                         micro_batch_tokens=case["budget"], pack_sequences=case["packed"],
-                        param_dtype="bfloat16" if args.device == "cuda" else None)
+                        param_dtype="bfloat16" if args.device == "cuda" else None,
+                        kl_ctl=0.04 if case.get("kl") else 0.0)
     group = RankGroup.from_env(actor, device) if world > 1 else None
     model = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                         max_seq_len=8 * args.mean_len,
@@ -149,10 +152,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per CPU rank")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--json", default=None, metavar="OUT", help="write every row to OUT")
+    ap.add_argument("--kl", action="store_true", help="add a case with a KL term to a frozen reference")
     args = ap.parse_args(argv)
     cases = {"one pass": {"budget": None, "packed": False},
              f"micro {args.budget}": {"budget": args.budget, "packed": False},
              f"packed {args.budget}": {"budget": args.budget, "packed": True}}
+    if args.kl:
+        cases["kl ref"] = {"budget": None, "packed": False, "kl": True}
     peak = None
     if args.device == "cuda":
         import torch
