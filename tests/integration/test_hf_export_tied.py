@@ -43,8 +43,8 @@ def _train_once(tr) -> None:
     assert tr.train_step(make_batch())["skipped"] == 0
 
 
-def test_one_rank_stores_a_tied_embedding_once_and_resumes(tmp_path):
-    source = build_hf_model_dir(tmp_path / "model")
+def test_one_rank_stores_a_tied_embedding_once_and_resumes(tmp_path, hf_model_dir):
+    source = hf_model_dir                 # the session's model directory, read only
     tr = _trainer(source)
     _train_once(tr)
     ckpt = str(tmp_path / "ckpt")
