@@ -18,6 +18,8 @@ Contract (issue #25; `actor.lora` of orchestrator.config):
   what `peft.PeftModel.from_pretrained(base, dir)` loads): `adapter_tensors(module, full)` -> the
   adapter parameters by peft's saved names (a CPU copy); `write_adapter(dir, config, tensors)`;
   `read_adapter(dir)`; `load_adapter(module, tensors)` copies them in (names checked both ways).
+- `export_merged(trainer_dir, config, out)`: a LoRA checkpoint's merged HF model (what
+  `python -m orchestrator.export` writes for a LoRA run), its base checked against the saved hash.
 """
 from __future__ import annotations
 
@@ -165,3 +167,32 @@ def signature(lora_cfg) -> dict:
     targets = lora_cfg.target_modules
     return {"rank": lora_cfg.rank, "alpha": lora_cfg.lora_alpha,
             "target_modules": targets if isinstance(targets, str) else sorted(targets)}
+
+
+def export_merged(trainer_dir: str, config: dict, out: str) -> None:
+    """The merged HF model of a LoRA checkpoint's `trainer_dir`: the run's base model (`config`,
+    the run's resolved config: model.path, or the built-in model of run.seed) with the checkpoint's
+    adapter merged by peft (`PeftModel.from_pretrained(...).merge_and_unload()`), written by
+    `export_hf` to `out`. The base is checked against the hash the checkpoint holds first: another
+    base is a ValueError naming both."""
+    from peft import PeftModel
+
+    from orchestrator.backends.model import build_model, export_hf
+    from orchestrator.backends.torch_trainer import OPTIM_FILE, RANK_STATE, weights_hash
+    from orchestrator.config import ModelConfig
+    from orchestrator.data.tokens import load_tokens
+
+    name = OPTIM_FILE if os.path.exists(os.path.join(trainer_dir, OPTIM_FILE)) else RANK_STATE
+    saved = torch.load(os.path.join(trainer_dir, name), map_location="cpu", weights_only=True)["lora"]
+    model_cfg = ModelConfig.model_validate(config["model"])
+    tokens = load_tokens(model_cfg.path)
+    base = build_model(model_cfg, len(tokens.tokenizer), int(config["run"]["seed"]))
+    digest = weights_hash(base)
+    if digest != saved["hash"]:
+        raise ValueError(f"the adapters of {trainer_dir} were trained on another base (weights hash "
+                         f"{saved['hash'][:16]}) than {model_cfg.path or 'the built-in model'} is "
+                         f"now (weights hash {digest[:16]})")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        merged = PeftModel.from_pretrained(base, os.path.join(trainer_dir, "adapter")).merge_and_unload()
+    export_hf(merged, tokens.tokenizer, out)

@@ -30,8 +30,9 @@ def await_reply(ring, kind, accept, what: str, timeout_s: float, check_stop: Cal
     while time.monotonic() < deadline:
         check_stop(what)
         msg = recv(ring, 0.05)
-        if isinstance(msg, messages.Fatal):
-            raise RunFailed(f"{msg.role} worker {msg.index} failed during {what}: {msg.error}")
+        if isinstance(msg, messages.Fatal):   # a checkpoint this config cannot serve is bad input
+            code = 2 if msg.error.startswith(("ValueError", "ConfigError")) else 1
+            raise RunFailed(f"{msg.role} worker {msg.index} failed during {what}: {msg.error}", code)
         if isinstance(msg, kind) and accept(msg):
             return msg
         check_procs(startup=True)

@@ -190,3 +190,56 @@ def test_two_fsdp_ranks_same_lora_loss_gradients_weights_and_resume(tmp_path):
     assert resumed["stats"][0]["loss"] == run["stats"][1]["loss"]
     files = _files(ckpt)
     assert "adapter/adapter_model.safetensors" in files and not any(f.startswith("hf/") for f in files)
+
+
+# ------------------------------------------------------------------------------------- export
+
+def _committed(tmp_path, tr, seed=3) -> str:
+    """A run directory holding one committed checkpoint (step 2) of trainer `tr`, whose resolved
+    config names the built-in model of run.seed `seed`."""
+    from orchestrator.run import checkpoint
+    run_dir = str(tmp_path / f"run-{seed}-{tr.peft is not None}")
+    tmp = checkpoint.begin(run_dir, 2)
+    tr.save(os.path.join(tmp, "trainer"))
+    checkpoint.write_state(tmp, {"step": 2, "cursor": 0, "redo": [], "gate": {},
+                                 "config": {"model": MODEL, "run": {"seed": seed}}}, [])
+    checkpoint.commit(tmp)
+    return run_dir
+
+
+def test_export_writes_the_merged_model_and_the_peft_adapter(tmp_path, capfd):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator.export import merge_lora
+    from orchestrator.run.export import main
+
+    tr = _trainer()
+    for i in range(2):
+        _step(tr, i)
+    run_dir = _committed(tmp_path, tr)
+    merged_dir, adapter_dir = tmp_path / "merged", tmp_path / "adapter"
+    assert main([run_dir, str(merged_dir)], merge_lora=merge_lora) == 0
+    assert main([run_dir, str(adapter_dir), "--adapter"]) == 0        # a copy: no torch needed
+    ids = torch.tensor([[1, 5, 9, 3, 11, 7, 12, 2]])
+    base = build_model(ModelConfig(**MODEL), len(tr.tokens.tokenizer), 3)
+    with torch.no_grad():
+        want = tr.model(input_ids=ids).logits
+        assert (want - base(input_ids=ids).logits).abs().max() > 1e-4     # the adapters trained
+        merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+        adapted = PeftModel.from_pretrained(base, adapter_dir).eval()
+        for got in (merged(input_ids=ids).logits, adapted(input_ids=ids).logits):
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    capfd.readouterr()
+
+    # another base than the checkpoint's (run.seed 4 builds other weights): exit 2, nothing written
+    other = _committed(tmp_path, tr, seed=4)
+    assert main([other, str(tmp_path / "m2")], merge_lora=merge_lora) == 2
+    err = capfd.readouterr().err.strip()
+    assert "another base" in err and err.count("weights hash") == 2 and "\n" not in err
+    assert not (tmp_path / "m2").exists()
+    # --adapter of a run that trained every weight: exit 2 naming the flag
+    full = _committed(tmp_path, _trainer(lora=None))
+    assert main([full, str(tmp_path / "a2"), "--adapter"]) == 2
+    assert "without --adapter" in capfd.readouterr().err
+    assert main([full, str(tmp_path / "full")]) == 0 and (tmp_path / "full" / "config.json").exists()
