@@ -42,6 +42,13 @@ Contract (TrainerBackend of base.py):
   logprob_diff_max / logprob_diff_tokens, the |recomputed - behaviour| logprob over loss-masked
   tokens sampled at `batch.version` (the weights the trainer holds): inference and trainer
   disagreeing on the same weights (a silent weight-load bug, a kernel or dtype mismatch) shows here.
+- LoRA (`actor.lora`, orchestrator.backends.lora): peft adapters on the frozen base (sharded as
+  the full model is); only the adapters take gradients and Adam state. The flat layout stays the
+  base model's, and what is published into it is base + scaling x B @ A (`lora.MergedSource`), so
+  inference loads it as it loads full weights. Checkpoints hold `adapter/` (a peft adapter
+  directory) instead of `hf/`, the adapters' optimizer state only, and `lora` (the base's path and
+  weights hash, rank, alpha, targets): `load` refuses another base (naming both), other adapter
+  shapes, and a full fine-tune's checkpoint (or a LoRA one without `actor.lora`).
 - `weight_nbytes()` / `write_weights(out)`: the flat layout of orchestrator.backends.model; each rank writes
   its own part (`sharding.shard_writes`). `write_weights_tensor(buf)`: the whole layout into rank 0's
   GPU buffer (the CUDA IPC path; a gather every rank joins).
