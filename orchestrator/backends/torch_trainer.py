@@ -475,65 +475,54 @@ class TorchTrainer:
         state = _to_cpu({"steps": self.steps, **self._rng()})
         if self.ref_hash is not None:
             state["ref_hash"] = self.ref_hash
+        model_files = self._model_files(state)
+        if self.group is None:
+            state["optimizer"] = _to_cpu(self.optimizer.state_dict())
+
+            def write(directory: str) -> None:
+                os.makedirs(directory, exist_ok=True)
+                model_files(directory)
+                _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
+            return write
+
+        shards = _to_cpu(sharding.sharded_state(self.model, self.optimizer,
+                                                trainable_only=self.peft is not None))
+        rank, group = self.rank, self.group
+        meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
+
+        def write_ranks(directory: str) -> None:
+            os.makedirs(directory, exist_ok=True)
+            sharding.save_sharded(directory, shards, group.saves)
+            if rank == 0:
+                model_files(directory)
+                _atomic(directory, RANK_STATE, lambda path: torch.save(state, path))
+                _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
+        return write_ranks
+
+    def _model_files(self, state: dict):
+        """Copy the model part of a checkpoint now; return what writes it into a directory. Full
+        fine-tuning: the weights as `hf/` (with ranks gathered: a collective). LoRA: `adapter/` (a
+        peft adapter directory, the adapters in full, gathered likewise) instead of `hf/`, and the
+        state names the base (`lora`: its path, weights hash, rank, alpha and targets); with ranks
+        the sharded state (`dcp/`) then holds only the adapters and their Adam state."""
         if self.peft is not None:
-            return self._snapshot_lora(state)
+            import copy
+
+            from orchestrator.backends import lora
+            state["lora"] = dict(self.base)
+            config = copy.deepcopy(self.peft.peft_config[lora.ADAPTER])
+            tensors = lora.adapter_tensors(self.peft)
+
+            def adapter(directory: str) -> None:
+                lora.write_adapter(os.path.join(directory, ADAPTER_DIR), config, tensors)
+            return adapter
         module, tokenizer = self.module, self.tokens.tokenizer
-        if self.group is None:
-            weights = _to_cpu(self.module.state_dict())
-            state["optimizer"] = _to_cpu(self.optimizer.state_dict())
+        weights = _to_cpu(self.module.state_dict() if self.group is None
+                          else sharding.full_state(self.model))
 
-            def write(directory: str) -> None:
-                os.makedirs(directory, exist_ok=True)
-                export_hf(module, tokenizer, os.path.join(directory, HF_DIR), weights)
-                _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
-            return write
-
-        shards = _to_cpu(sharding.sharded_state(self.model, self.optimizer))
-        full = _to_cpu(sharding.full_state(self.model))
-        rank, group = self.rank, self.group
-        meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
-
-        def write_ranks(directory: str) -> None:
-            os.makedirs(directory, exist_ok=True)
-            sharding.save_sharded(directory, shards, group.saves)
-            if rank == 0:
-                export_hf(module, tokenizer, os.path.join(directory, HF_DIR), full)
-                _atomic(directory, RANK_STATE, lambda path: torch.save(state, path))
-                _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
-        return write_ranks
-
-    def _snapshot_lora(self, state: dict):
-        """LoRA checkpoints: `adapter/` (a peft adapter directory, the adapters in full) instead
-        of `hf/`, and only the adapters' optimizer state; the state names the base (`lora`: its
-        path, weights hash, rank, alpha and targets). One rank: + `optimizer.pt`; ranks: `dcp/`
-        (the adapters and their Adam state, sharded), `trainer_state.pt` and `ranks.json`."""
-        import copy
-
-        from orchestrator.backends import lora
-        state["lora"] = dict(self.base)
-        config = copy.deepcopy(self.peft.peft_config[lora.ADAPTER])
-        tensors = lora.adapter_tensors(self.peft)        # with ranks: gathered (a collective)
-        if self.group is None:
-            state["optimizer"] = _to_cpu(self.optimizer.state_dict())
-
-            def write(directory: str) -> None:
-                os.makedirs(directory, exist_ok=True)
-                lora.write_adapter(os.path.join(directory, ADAPTER_DIR), config, tensors)
-                _atomic(directory, OPTIM_FILE, lambda path: torch.save(state, path))
-            return write
-
-        shards = _to_cpu(sharding.sharded_state(self.model, self.optimizer, trainable_only=True))
-        rank, group = self.rank, self.group
-        meta = json.dumps({"world_size": self.world, "sharding": self.strategy}).encode()
-
-        def write_ranks(directory: str) -> None:
-            os.makedirs(directory, exist_ok=True)
-            sharding.save_sharded(directory, shards, group.saves)
-            if rank == 0:
-                lora.write_adapter(os.path.join(directory, ADAPTER_DIR), config, tensors)
-                _atomic(directory, RANK_STATE, lambda path: torch.save(state, path))
-                _atomic(directory, RANKS_FILE, lambda path: open(path, "wb").write(meta))
-        return write_ranks
+        def hf(directory: str) -> None:
+            export_hf(module, tokenizer, os.path.join(directory, HF_DIR), weights)
+        return hf
 
     def save(self, directory: str) -> None:
         """`snapshot()` written at once: one rank `hf/` + `optimizer.pt`; ranks (every rank calls
