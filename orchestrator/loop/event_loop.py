@@ -252,9 +252,7 @@ class EventLoop:
                 if summary:
                     self.metrics.write(**summary)
                 continue
-            if not self.sink.add(group):     # dynamic sampling: its slot goes to a new prompt
-                self.gate.on_dropped()
-                self.filtered_since_step += 1
+            self._to_sink(group)
         while True:
             if self.bound is not None:     # the next batch trains at version `built`
                 for rid in enforce(self.bound, self.built, self.dispatcher, self.gate, self.sink):
@@ -274,6 +272,11 @@ class EventLoop:
             self.built = step
             n += 1
         return n
+
+    def _to_sink(self, group) -> None:
+        if not self.sink.add(group):         # dynamic sampling: its slot goes to a new prompt
+            self.gate.on_dropped()
+            self.filtered_since_step += 1
 
     def _readmit(self, request_id: int) -> None:
         self.redispatched.discard(request_id)
@@ -402,7 +405,7 @@ class EventLoop:
                 self.gate.on_enqueued()
                 self.gate.on_submitted()
                 self.gate.on_accepted()
-                self.sink.add(part)
+                self._to_sink(part)
                 self.reused += 1
             else:
                 redo.append(index)
