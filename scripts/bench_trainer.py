@@ -14,7 +14,11 @@ with one pass per rank (micro-batch overhead) and to padded passes (packing), pu
 On a GPU it also prints model FLOPs utilisation (6 x parameters x tokens / time / peak dense bf16,
 per rank); the model computes in bfloat16 there. `--kl` adds a one-pass case with a KL term to a
 frozen reference (`actor.kl_ctl`, #24): its "vs 1 pass" column is the reference forward's cost
-(tokens/s with it over tokens/s without). `--json OUT` writes every row to OUT.
+(tokens/s with it over tokens/s without). `--lora RANK` adds a one-pass case training LoRA adapters
+of that rank on every linear layer (#25): "vs 1 pass" is its tokens/s over full fine-tuning's, and
+the "peak MB" column (every case) is rank 0's peak memory: its RSS on CPU (the process's high-water
+mark: model, optimizer state, activations), `torch.cuda.max_memory_allocated` on a GPU.
+`--json OUT` writes every row to OUT.
 CPU ranks each get `--threads` intra-op threads, so N ranks use N x threads cores.
 """
 from __future__ import annotations
@@ -69,7 +73,8 @@ def _rank(rank, world, port, args, case, wname, out):
                         sharding="fsdp" if world > 1 else "none", ppo_epochs=1,
                         micro_batch_tokens=case["budget"], pack_sequences=case["packed"],
                         param_dtype="bfloat16" if args.device == "cuda" else None,
-                        kl_ctl=0.04 if case.get("kl") else 0.0)
+                        kl_ctl=0.04 if case.get("kl") else 0.0,
+                        lora={"rank": case["lora"], "target_modules": "all-linear"} if case.get("lora") else None)
     group = RankGroup.from_env(actor, device) if world > 1 else None
     model = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                         max_seq_len=8 * args.mean_len,
@@ -106,7 +111,12 @@ def _rank(rank, world, port, args, case, wname, out):
             rounds.append((tokens / train_s, publish_s, copy_s))
     if rank == 0:
         params = sum(s.numel for s in tr.layout.slots)     # the full model, sharded or not
-        np.save(out, np.array([[*x, params] for x in rounds]))
+        if device.type == "cuda":
+            peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            import resource
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024    # KiB on Linux
+        np.save(out, np.array([[*x, params, peak_mb] for x in rounds]))
     wbuf.close()
     tr.close()
 
@@ -153,12 +163,16 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--json", default=None, metavar="OUT", help="write every row to OUT")
     ap.add_argument("--kl", action="store_true", help="add a case with a KL term to a frozen reference")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="add a case training LoRA adapters of this rank (0: none)")
     args = ap.parse_args(argv)
     cases = {"one pass": {"budget": None, "packed": False},
              f"micro {args.budget}": {"budget": args.budget, "packed": False},
              f"packed {args.budget}": {"budget": args.budget, "packed": True}}
     if args.kl:
         cases["kl ref"] = {"budget": None, "packed": False, "kl": True}
+    if args.lora:
+        cases[f"lora r{args.lora}"] = {"budget": None, "packed": False, "lora": args.lora}
     peak = None
     if args.device == "cuda":
         import torch
@@ -167,7 +181,7 @@ def main(argv=None) -> int:
     print(f"model hidden {args.hidden} x {args.layers} layers; {args.seqs} sequences of ~{args.mean_len} "
           f"tokens per batch; {args.rounds} rounds of {args.steps} steps; device {args.device}")
     print(f"{'ranks':>5s} {'split':>12s} {'tokens/s':>9s} {'(min-max)':>17s} {'per rank':>9s} "
-          f"{'vs 1 rank':>9s} {'vs 1 pass':>9s} {'vs padded':>9s} {'publish/memcpy':>15s}"
+          f"{'vs 1 rank':>9s} {'vs 1 pass':>9s} {'vs padded':>9s} {'publish/memcpy':>15s} {'peak MB':>8s}"
           + (f" {'MFU':>6s}" if peak else ""))
     base: dict = {}
     rows = []
@@ -190,9 +204,11 @@ def main(argv=None) -> int:
                 mfu = f" {6 * res[0, 3] * tps / world / peak:6.1%}" if peak else ""
                 rows.append({"ranks": world, "split": label, "tokens_per_s": tps, "min": lo, "max": hi,
                              "params": int(res[0, 3]), "publish_over_memcpy": pub,
+                             "peak_mb": float(res[:, 4].max()),
                              "mfu": 6 * res[0, 3] * tps / world / peak if peak else None})
                 print(f"{world:5d} {label:>12s} {tps:9.0f} {f'({lo:.0f}-{hi:.0f})':>17s} "
-                      f"{tps / world:9.0f} {one} {tps / first:9.2f} {vs_pad} {pub:15.2f}{mfu}")
+                      f"{tps / world:9.0f} {one} {tps / first:9.2f} {vs_pad} {pub:15.2f} "
+                      f"{res[:, 4].max():8.0f}{mfu}")
     if args.json:
         meta = {"device": args.device, "device_name": name if args.device == "cuda" else "cpu",
                 "peak_bf16": peak, "dtype": "bfloat16" if args.device == "cuda" else "float32",
