@@ -29,7 +29,8 @@ set -euo pipefail
 
 CAP_MIB=64
 FORBIDDEN='^(torch|nvidia_|triton|vllm)'             # normalized wheel-name prefixes
-SINKS='matplotlib|tensorboard|wandb'                 # test-extra entries the GPU check goes without
+SINKS='matplotlib|tensorboard|wandb|peft'            # test-extra entries the GPU check goes without
+                                                     # (peft requires torch: it cannot resolve beside it)
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
 die() { echo "wheelhouse: $1" >&2; exit "${2:-2}"; }
