@@ -78,7 +78,7 @@ def test_kill_resume_multiturn_redoes_episodes_in_flight(tmp_path):
     out, result = soak(tmp_path, "--kills", "3", "--seed", "2", "--phases",
                        "steady,checkpoint,recovery", "--hang-timeout", "60", "--timeout", "120",
                        "run.total_steps=24", "run.checkpoint_every=4", "eval.every_steps=0",
-                       "task.env_args={latency_s: 0.01, latency_sigma: 1.0}",
+                       "task.env_args={latency_s: 0.1, latency_sigma: 1.0}",   # episodes outlast a step
                        config="configs/multiturn.yaml")
     assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
     assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
