@@ -16,6 +16,7 @@ Modules:
   (the soft punishment added to rewards) and `cut_at_limit(...)` (the completions to filter);
   numpy only.
 - correction: `rollout_correction(...)`: TIS / MIS weights at token, sequence or geometric level.
+- registry: `registrar(table, what)`, the one name -> function registry the modules above share.
 - loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
   trainer's loss before these recipes.
 - stamp: the per-token policy versions of a trajectory (run-length encoded) and their head age.

@@ -30,19 +30,15 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from orchestrator.algo.registry import registrar
+
 # fn(rewards f64[M], groups int[M] in 0..K-1, norm_by_std, eps, lengths int[M]) -> f64[M], over the
 # samples with tokens only
 Estimator = Callable[[np.ndarray, np.ndarray, bool, float, np.ndarray], np.ndarray]
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    def add(fn: Estimator) -> Estimator:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = fn
-        return fn
-    return add
+register_estimator = registrar(ESTIMATORS, "advantage estimator")
 
 
 def _group_stats(r: np.ndarray, g: np.ndarray, ddof: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -25,15 +25,13 @@ from typing import Callable, Optional
 
 import torch
 
+from orchestrator.algo.registry import registrar
+
 AggFn = Callable[[torch.Tensor, torch.Tensor, Optional[float]], torch.Tensor]
 AGG_MODES: dict[str, AggFn] = {}
 
 
-def register_agg(name: str) -> Callable[[AggFn], AggFn]:
-    def add(fn: AggFn) -> AggFn:
-        AGG_MODES[name] = fn
-        return fn
-    return add
+register_agg = registrar(AGG_MODES, "loss aggregation mode")
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:

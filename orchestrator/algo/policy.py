@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import torch
 
 from orchestrator.algo.aggregate import agg_loss, masked_sum
+from orchestrator.algo.registry import registrar
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -46,11 +47,7 @@ LossFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 POLICY_LOSSES: dict[str, LossFn] = {}
 
 
-def register_policy_loss(name: str) -> Callable[[LossFn], LossFn]:
-    def add(fn: LossFn) -> LossFn:
-        POLICY_LOSSES[name] = fn
-        return fn
-    return add
+register_policy_loss = registrar(POLICY_LOSSES, "policy loss")
 
 
 def _clip(ratio, adv, lo, hi):
