@@ -38,7 +38,10 @@ def test_lora_run_survives_kill_9_and_exports_merged_and_adapter(tmp_path, hf_mo
     shutil.copytree(hf_model_dir, model)
     run_dir = tmp_path / "run"
     args = (f"model.path={model}", "actor.lora.rank=8", f"run.total_steps={STEPS}",
-            "run.checkpoint_every=3", "eval.every_steps=0", "run.progress=false")
+            "run.checkpoint_every=3", "eval.every_steps=0", "run.progress=false",
+            "rollout.max_head_offpolicyness=0")   # every batch sampled by the weights it trains:
+    # each step measures logprob_diff (async, a run resumed past step 3 may train no batch whose
+    # tokens the current weights sampled, and so measure none after the resume)
     proc = start(run_dir, *args, config="configs/default.yaml")
     wait_for_step(proc, run_dir, 4, timeout=240)
     deadline = time.monotonic() + 120
