@@ -548,6 +548,16 @@ class TaskConfig(_Section):
                                      "that an inference worker tolerates: each one's episode ended "
                                      "(episodes_limited) and its pool thread was replaced; one more "
                                      "is a hang (task.env_on_hang)")
+    agent: Optional[str] = Field(None, min_length=1, description="an agent over HTTP instead of an "
+                                 "environment (exclusive with task.env): 'file.py:run' or 'module:run', "
+                                 "run(row, base_url, api_key) -> float | None (async or plain), called once "
+                                 "per episode with the dataset row and an OpenAI-compatible endpoint of "
+                                 "the inference worker (envs/agent.py); None returned: task.reward "
+                                 "scores the transcript. Its calls obey task.max_turns, "
+                                 "task.max_episode_tokens and task.env_timeout_s (each call)")
+    agent_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, description="one agent run's time "
+                                   "limit (the whole episode); past it the episode ends with reward 0 "
+                                   "(episodes_limited)")
     env_on_hang: Literal["restart", "fail"] = Field("restart", description="an environment that hangs "
                                                     "its inference worker (more than "
                                                     "task.env_max_stuck_calls stuck calls, or an async "
@@ -568,15 +578,19 @@ class TaskConfig(_Section):
                                  f"is 'dataset' for your own data)")
         elif self.name == "dataset":
             raise ValueError("task.name='dataset' needs task.dataset")
+        if self.agent is not None and self.env is not None:
+            raise ValueError(f"task.agent and task.env are exclusive: the agent {self.agent!r} is the "
+                             f"episode (drop task.env={self.env!r})")
         if self.name == "lookup" and self.env not in (None, "lookup"):
             raise ValueError(f"task.name='lookup' is the lookup environment's task; task.env="
                              f"{self.env!r} needs its own dataset (task.dataset)")
-        if self.reward is not None and (self.env is not None or self.name == "lookup"):
+        if self.reward is not None and (self.env is not None or (self.name == "lookup"
+                                                                  and self.agent is None)):
             raise ValueError("task.reward and task.env are exclusive: an environment scores its own "
                              "episodes")
-        if self.dataset is not None and self.reward is None and self.env is None:
+        if self.dataset is not None and self.reward is None and self.env is None and self.agent is None:
             raise ValueError("task.dataset needs task.reward (a built-in name, 'file.py:fn' or "
-                             "'module:fn') or task.env")
+                             "'module:fn'), task.env or task.agent")
         return self
 
 
@@ -790,7 +804,8 @@ class Config(_Section):
                    if getattr(algo, k) not in (None, False)]
         if shaping and env_spec(self) is not None:
             raise ValueError(f"algo.{shaping[0]} acts on single-turn completions cut at "
-                             f"rollout.max_new_tokens; task.env={env_spec(self)} episodes are "
+                             f"rollout.max_new_tokens; task.{'agent' if self.task.agent else 'env'}="
+                             f"{env_spec(self)} episodes are "
                              f"bounded by task.max_episode_tokens instead")
         if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_horizon is None:
             algo.loss_horizon = self.rollout.max_new_tokens
@@ -1003,8 +1018,10 @@ def _format_error(err: ValidationError) -> str:
 
 
 def env_spec(cfg: Config) -> Optional[str]:
-    """The multi-turn environment of the task (`task.env`; task.name=lookup implies `lookup`), or
-    None for a single-turn task."""
+    """What runs the task's multi-turn episodes: `task.env` (task.name=lookup implies `lookup`) or
+    `task.agent` (an agent over HTTP), or None for a single-turn task."""
+    if cfg.task.agent is not None:
+        return cfg.task.agent
     return cfg.task.env or ("lookup" if cfg.task.name == "lookup" else None)
 
 

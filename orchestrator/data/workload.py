@@ -12,7 +12,8 @@ Contract:
   `filtered` and `identity` (`backends.base.Task`).
 - `build_scorer(cfg, tokens, seed)` (inference worker, with the model's tokens its backend loaded):
   the reward pool (`data.reward_pool.RewardPool`), or for a multi-turn task (`task.env`) the episode
-  runner (`envs.runner.EpisodeRunner`) whose environment scores.
+  runner (`envs.runner.EpisodeRunner`) whose environment scores; for `task.agent`, the runner with
+  the agent's episode body (`envs.agent.AgentEpisodes`: the worker's HTTP endpoint).
 - `datasets_for(cfg) -> (train, eval)`: the built-in digit task's generated datasets, or
   `task.dataset` / `task.eval_dataset` opened with `prompt_set.open_dataset` (eval None when unset).
 - `load_prompts(cfg) -> PromptSet` (supervisor, at launch before anything starts): the model's
@@ -87,9 +88,14 @@ def load_prompts(cfg):
 
     tokens = _tokens(cfg)
     if env_spec(cfg) is not None:          # an environment scores its episodes: resolve it here,
-        from orchestrator.envs.registry import resolve_env      # so a bad task.env is exit 2
-        from orchestrator.envs.render import TurnRenderer
-        resolve_env(env_spec(cfg))
+        from orchestrator.envs.registry import resolve_agent, resolve_env   # so a bad task.env
+        from orchestrator.envs.render import TurnRenderer                   # is exit 2
+        if cfg.task.agent is not None:     # an agent, and the reward it may leave to task.reward
+            resolve_agent(cfg.task.agent)
+            if cfg.task.reward is not None:
+                resolve_reward(cfg.task, tokens)
+        else:
+            resolve_env(env_spec(cfg))
         TurnRenderer(tokens, cfg.task)
         needs_answer = False
     else:
@@ -132,5 +138,24 @@ def build_scorer(cfg, tokens, seed: int):
     t = cfg.task
     limits = Limits(t.max_turns, cfg.rollout.max_new_tokens, episode_tokens(cfg), t.env_timeout_s,
                     t.env_on_error, t.env_workers, t.env_processes)
+    if t.agent is not None:
+        return EpisodeRunner(None, {}, TurnRenderer(tokens, t), tokens, load_rows(cfg), limits,
+                             t.agent, seed, agent=_agent(cfg, tokens))
     return EpisodeRunner(resolve_env(env_spec(cfg)), t.env_args, TurnRenderer(tokens, t), tokens,
                          load_rows(cfg), limits, env_spec(cfg), seed)
+
+
+def _agent(cfg, tokens):
+    """`task.agent`'s episode body (envs.agent): its function, the row's prompt as the supervisor
+    renders it (an episode that never calls the endpoint), `task.reward` when set."""
+    from orchestrator.data.rewards import resolve_reward
+    from orchestrator.envs.agent import AgentEpisodes
+    from orchestrator.envs.registry import resolve_agent
+
+    t = cfg.task
+    renderer = PromptRenderer(tokens, t)
+    reward = resolve_reward(t, tokens)[1] if t.reward is not None else None
+    names = ("policy",) + ((cfg.model.path,) if cfg.model.path else ())
+    return AgentEpisodes(resolve_agent(t.agent), lambda row: renderer.ids(row[t.prompt_field]).tolist(),
+                         reward, t.agent_timeout_s, min(256, cfg.rollout.concurrency * cfg.rollout.group_size),
+                         names)

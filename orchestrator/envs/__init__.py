@@ -6,6 +6,9 @@
 - `runner`: the inference worker's episode runner (turns, budgets, timeouts, scoring).
 - `render`: the conversation rendered with the chat template, append-only over the sampled ids.
 - `pool`, `watch`: the bounded pool blocking calls run on, and the environment loop's liveness stamp.
+- `agent`: `task.agent`, an agent over HTTP as the episode (`registry.resolve_agent`); `endpoint`: the
+  worker's OpenAI-compatible endpoint (aiohttp, imported only there); `agent_session`: one episode's
+  calls appended to its trajectory; `openai_api`: the wire format; `tool_parser`: tool calls (hermes).
 
 Imports: config, errors, data's tokens and rewards, and this room.
 """

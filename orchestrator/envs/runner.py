@@ -34,6 +34,13 @@ A group is handed out only when all its episodes ended, so an episode in flight 
 whole.
 
 `scalars` of a finished group (summed over its episodes, except TURNS_MAX): `envs.base.SCALARS`.
+
+An agent task (`task.agent`) passes `agent` (`envs.agent.AgentEpisodes`) and no environment class:
+its `open(runner)` runs on the loop at construction (the endpoint starts), its `episode(runner,
+group, ep)` is each episode's body instead of reset/step/score (with `generate`, `rendered`,
+`call`, `reward`, `where`, `watching` and `Ended` / `EnvError`, as the environment's body uses them),
+and its `aclose()` runs at `close()`. A turn whose episode stops waiting for it (cancelled: a client
+gone, a call past its timeout) is aborted: `requests()` then yields a `TurnAbort` after it.
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -85,7 +92,12 @@ class TurnRequest:
     eval: bool
 
 
-class _Ended(Exception):
+@dataclass
+class TurnAbort:
+    key: int                     # a turn whose episode stopped waiting for it (abort it)
+
+
+class Ended(Exception):
     """An episode ended by a limit (reason: 'limited' or 'rejected')."""
 
     def __init__(self, reason: str):
@@ -121,9 +133,11 @@ class _Group:
 
 
 class EpisodeRunner:
-    def __init__(self, env_cls: type, env_args: dict, renderer: TurnRenderer, tokens: ModelTokens,
-                 rows: Callable[[bool, int], dict], limits: Limits, name: str, seed: int):
+    def __init__(self, env_cls: Optional[type], env_args: dict, renderer: TurnRenderer,
+                 tokens: ModelTokens, rows: Callable[[bool, int], dict], limits: Limits, name: str,
+                 seed: int, agent: Any = None):
         self.env_cls, self.env_args, self.renderer, self.tokens = env_cls, dict(env_args), renderer, tokens
+        self.agent = agent
         self.rows, self.limits, self.name = rows, limits, name
         self._seeds = np.random.SeedSequence(seed)
         self._requests: "queue.SimpleQueue[TurnRequest]" = queue.SimpleQueue()
@@ -142,6 +156,12 @@ class EpisodeRunner:
         self._thread = threading.Thread(target=self._run_loop, name="env", daemon=True)
         self.watch = LoopWatch(self.loop, self._thread, self.calls, limits.timeout_s, name, self._calling)
         self._thread.start()
+        if agent is not None:       # its endpoint serves on this loop (envs.agent)
+            try:
+                asyncio.run_coroutine_threadsafe(agent.open(self), self.loop).result(CLOSE_TIMEOUT_S)
+            except BaseException:
+                self.close()
+                raise
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -156,7 +176,8 @@ class EpisodeRunner:
             self._groups[request_id] = g
         g.task = asyncio.run_coroutine_threadsafe(self._group(g), self.loop)
 
-    def requests(self) -> list[TurnRequest]:
+    def requests(self) -> list[Union[TurnRequest, TurnAbort]]:
+        """Model turns to put to the backend, and turns to abort, in the order they came."""
         out = []
         while True:
             try:
@@ -198,6 +219,10 @@ class EpisodeRunner:
         blocking calls still run (`envs.watch`); None while healthy."""
         return self.watch.hung(max_stuck)
 
+    def watching(self, task: asyncio.Task, what: str) -> None:
+        """Name `task` (an async call running on the loop) in `hung()` should it block the loop."""
+        self._live[task] = what
+
     def _calling(self) -> Optional[tuple[str, str]]:
         """The async environment call running on the loop now: (what, the file of its code)."""
         task = asyncio.current_task(self.loop)
@@ -222,6 +247,11 @@ class EpisodeRunner:
     def close(self) -> None:
         """Cancel every episode and let them close their environments (bounded), then stop."""
         async def shutdown() -> None:
+            if self.agent is not None:          # its endpoint first: no call starts after this
+                try:
+                    await asyncio.wait_for(self.agent.aclose(), CLOSE_TIMEOUT_S)
+                except Exception:           # noqa: BLE001 - closing anyway
+                    pass
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:
                 t.cancel()
@@ -260,40 +290,41 @@ class EpisodeRunner:
         self._done.put((g.request_id, failed[0] if failed else
                         self._sequences(g, [t.result() for t in tasks])))
 
-    def _where(self, g: _Group) -> str:
+    def where(self, g: _Group) -> str:
         kind = "eval row" if g.is_eval else "row"
-        return f"environment {self.name!r} for {kind} {g.row} (prompt {g.prompt_id})"
+        what = "environment" if self.agent is None else "agent"
+        return f"{what} {self.name!r} for {kind} {g.row} (prompt {g.prompt_id})"
 
-    async def _call(self, g: _Group, ep: _Episode, what: str, fn, *args):
+    async def call(self, g: _Group, ep: _Episode, what: str, fn, *args):
         """One environment call under the timeout; its time counts as environment time."""
         t0 = time.monotonic()
         try:
             if inspect.iscoroutinefunction(fn):
                 coro = asyncio.ensure_future(fn(*args))
-                self._live[coro] = f"{what} of {self._where(g)}"
+                self._live[coro] = f"{what} of {self.where(g)}"
                 result = await asyncio.wait_for(coro, self.limits.timeout_s)
             else:       # timed from its start by the pool's sweep (queue time excluded): a stuck
                         # one fails with TimeoutError and its thread is replaced
                 result = await asyncio.wrap_future(
-                    self.calls.call(f"{what} of {self._where(g)}", fn, *args))
+                    self.calls.call(f"{what} of {self.where(g)}", fn, *args))
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, self.limits.timeout_s)
             return result
         except (asyncio.TimeoutError, TimeoutError):
-            raise _Ended("limited") from None
-        except (asyncio.CancelledError, _Ended):
+            raise Ended("limited") from None
+        except (asyncio.CancelledError, Ended):
             raise
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            raise _EnvError(f"{self._where(g)}: {what} raised {why}") from None
+            raise EnvError(f"{self.where(g)}: {what} raised {why}") from None
         finally:
             ep.env_s += time.monotonic() - t0
 
-    async def _rendered(self, fn, *args):
+    async def rendered(self, fn, *args):
         """A renderer call on the render thread (tokenizing a long text never stalls the loop)."""
         return await asyncio.wrap_future(self.render.call("render", functools.partial(fn, *args)))
 
-    async def _generate(self, g: _Group, ep: _Episode, max_new: int) -> tuple:
+    async def generate(self, g: _Group, ep: _Episode, max_new: int) -> tuple:
         fut = self.loop.create_future()
         with self._lock:
             key, self._next_key = self._next_key, self._next_key + 1
@@ -303,96 +334,110 @@ class EpisodeRunner:
                                        g.temperature, g.is_eval))
         try:
             turn, gen_s = await fut
+        except asyncio.CancelledError:          # nobody waits for it any more: abort it
+            with self._lock:
+                pending = self._turns.pop(key, None) is not None
+            if pending:
+                self._requests.put(TurnAbort(key))
+            raise
         finally:
             with self._lock:
                 g.keys.discard(key)
         ep.gen_s += gen_s
         return turn
 
+    def reward(self, g: _Group, what: str, reward) -> float:
+        """`reward` as a float, or EnvError naming `what` returned it."""
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, (int, float, np.number)) \
+                or not np.isfinite(float(reward)):
+            raise EnvError(f"{self.where(g)}: {what} returned {reward!r}"[:200] + ", not a finite number")
+        return float(reward)
+
     async def _episode(self, g: _Group, i: int) -> _Episode:
         ep = _Episode(None)
-        lim = self.limits
         try:
-            try:
-                ep.env = env = self.env_cls(**self.env_args)
-            except Exception as exc:
-                why = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                raise _EnvError(f"{self._where(g)}: constructing it with task.env_args raised {why}") from None
-            env.rng = np.random.default_rng(self._seeds.spawn(1)[0])
-            env._pool = self.pool
-            row = self.rows(g.is_eval, g.row)
-            history = await self._call(g, ep, "reset()", env.reset, row)
-            try:
-                ep.ids, state = await self._rendered(self.renderer.opening, history,
-                                                     getattr(env, "tools", None), lim.max_episode_tokens)
-            except TooLong:
-                raise _Ended("limited") from None
-            except (AppendError, TypeError) as exc:
-                raise _EnvError(f"{self._where(g)}: reset() returned messages that cannot be "
-                                f"rendered ({exc})") from None
-            history = list(history)
-            ep.prompt_len = len(ep.ids)
-            ep.mask = [0] * len(ep.ids)
-            ep.logprobs = [0.0] * len(ep.ids)
-            ep.versions = [-1] * len(ep.ids)
-            while True:
-                left = lim.max_episode_tokens - len(ep.ids)
-                if ep.turns >= lim.max_turns or left <= 0:
-                    raise _Ended("limited")
-                ids, lps, vers = await self._generate(g, ep, min(lim.max_new_tokens, left))
-                ep.turns += 1
-                ep.ids += ids
-                ep.mask += [1] * len(ids)
-                ep.logprobs += lps
-                ep.versions += vers
-                stopped = bool(ids) and ids[-1] in self.tokens.stop_ids
-                turn = ModelTurn(completion_text(self.tokens, ids), ids, stopped)
-                history.append({"role": "assistant", "content": turn.text})
-                res = await self._call(g, ep, "step()", env.step, turn)
-                if not isinstance(res, StepResult):
-                    raise _EnvError(f"{self._where(g)}: step() returned {type(res).__name__}, "
-                                    f"not a StepResult")
-                ep.tool_calls += float(res.metrics.get("tool_calls", 0.0))
-                if res.done:
-                    break
-                try:
-                    reply = await self._rendered(self.renderer.reply, state, history, ids, res.messages,
-                                                 lim.max_episode_tokens - len(ep.ids))
-                except TooLong:
-                    raise _Ended("limited") from None
-                except AppendError:
-                    raise _Ended("rejected") from None
-                except TypeError as exc:
-                    raise _EnvError(f"{self._where(g)}: step() returned a bad reply ({exc})") from None
-                if len(ep.ids) + len(reply) > lim.max_episode_tokens:
-                    raise _Ended("limited")
-                history += res.messages
-                ep.ids += reply
-                ep.mask += [0] * len(reply)
-                ep.logprobs += [0.0] * len(reply)
-                ep.versions += [-1] * len(reply)
-            reward = await self._call(g, ep, "score()", env.score, history)
-            if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, (int, float, np.number)) \
-                    or not np.isfinite(float(reward)):
-                raise _EnvError(f"{self._where(g)}: score() returned {reward!r}"[:200] + ", not a finite number")
-            ep.reward = float(reward)
-        except _Ended as end:
+            body = self._env_episode if self.agent is None else self.agent.episode
+            ep.reward = await body(self, g, ep)
+        except Ended as end:
             ep.ended, ep.reward = end.reason, 0.0
             if end.reason == "rejected":            # not trained (see the module docstring)
                 n = len(ep.ids)
                 ep.mask, ep.logprobs, ep.versions = [0] * n, [0.0] * n, [-1] * n
-        except _EnvError as exc:
-            if lim.on_error == "fail":
+        except EnvError as exc:
+            if self.limits.on_error == "fail":
                 raise BadEnvOutput(str(exc)) from None
             ep.ended, ep.reward = "error", 0.0
         finally:
             close = getattr(ep.env, "close", None)
             if callable(close):
                 try:
-                    await self._call(g, ep, "close()", close)
-                except (_Ended, _EnvError):
+                    await self.call(g, ep, "close()", close)
+                except (Ended, EnvError):
                     pass
         return ep
+
+    async def _env_episode(self, _, g: _Group, ep: _Episode) -> float:
+        """reset -> (turn, step, reply)* -> score: the reward (Ended / EnvError otherwise)."""
+        lim = self.limits
+        try:
+            ep.env = env = self.env_cls(**self.env_args)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            raise EnvError(f"{self.where(g)}: constructing it with task.env_args raised {why}") from None
+        env.rng = np.random.default_rng(self._seeds.spawn(1)[0])
+        env._pool = self.pool
+        row = self.rows(g.is_eval, g.row)
+        history = await self.call(g, ep, "reset()", env.reset, row)
+        try:
+            ep.ids, state = await self.rendered(self.renderer.opening, history,
+                                                getattr(env, "tools", None), lim.max_episode_tokens)
+        except TooLong:
+            raise Ended("limited") from None
+        except (AppendError, TypeError) as exc:
+            raise EnvError(f"{self.where(g)}: reset() returned messages that cannot be "
+                           f"rendered ({exc})") from None
+        history = list(history)
+        ep.prompt_len = len(ep.ids)
+        ep.mask = [0] * len(ep.ids)
+        ep.logprobs = [0.0] * len(ep.ids)
+        ep.versions = [-1] * len(ep.ids)
+        while True:
+            left = lim.max_episode_tokens - len(ep.ids)
+            if ep.turns >= lim.max_turns or left <= 0:
+                raise Ended("limited")
+            ids, lps, vers = await self.generate(g, ep, min(lim.max_new_tokens, left))
+            ep.turns += 1
+            ep.ids += ids
+            ep.mask += [1] * len(ids)
+            ep.logprobs += lps
+            ep.versions += vers
+            stopped = bool(ids) and ids[-1] in self.tokens.stop_ids
+            turn = ModelTurn(completion_text(self.tokens, ids), ids, stopped)
+            history.append({"role": "assistant", "content": turn.text})
+            res = await self.call(g, ep, "step()", env.step, turn)
+            if not isinstance(res, StepResult):
+                raise EnvError(f"{self.where(g)}: step() returned {type(res).__name__}, "
+                               f"not a StepResult")
+            ep.tool_calls += float(res.metrics.get("tool_calls", 0.0))
+            if res.done:
+                break
+            try:
+                reply = await self.rendered(self.renderer.reply, state, history, ids, res.messages,
+                                            lim.max_episode_tokens - len(ep.ids))
+            except TooLong:
+                raise Ended("limited") from None
+            except AppendError:
+                raise Ended("rejected") from None
+            except TypeError as exc:
+                raise EnvError(f"{self.where(g)}: step() returned a bad reply ({exc})") from None
+            if len(ep.ids) + len(reply) > lim.max_episode_tokens:
+                raise Ended("limited")
+            history += res.messages
+            ep.ids += reply
+            ep.mask += [0] * len(reply)
+            ep.logprobs += [0.0] * len(reply)
+            ep.versions += [-1] * len(reply)
+        return self.reward(g, "score()", await self.call(g, ep, "score()", env.score, history))
 
     def _sequences(self, g: _Group, eps: list[_Episode]) -> Sequences:
         lens = np.array([len(e.ids) for e in eps], np.int64)
@@ -418,7 +463,7 @@ class EpisodeRunner:
             advantages=np.zeros(len(eps), np.float32), scalars=scalars)
 
 
-class _EnvError(Exception):
+class EnvError(Exception):
     """An environment call raised or returned something unusable (one line, names env and row)."""
 
 

@@ -4,8 +4,10 @@ Main loop: poll the request ring (Generate / LoadWeights / Abort / Shutdown, in 
 -> one backend step -> hand finished groups to the reward pool (threads: a slow reward never stalls
 decoding) -> emit the scored ones -> check the parent. A multi-turn task (`task.env`) hands each
 Generate to the episode runner instead (`envs.runner`: an environment thread): its model turns are
-put to the backend as one-sample requests, their results go back to it, and its finished groups
-are emitted. A bad reward or environment (`BadEnvOutput`) fails the run with exit 2. An environment
+put to the backend as one-sample requests (and aborted when their episode stops waiting for them:
+an agent's client that disconnects), their results go back to it, and its finished groups are
+emitted; an agent task (`task.agent`) serves its episodes' HTTP endpoint from the environment
+thread. A bad reward or environment (`BadEnvOutput`) fails the run with exit 2. An environment
 that hangs (`EpisodeRunner.hung`: its loop stalled, or more than `task.env_max_stuck_calls` stuck
 calls), checked every turn: with `task.env_on_hang=fail` an `EnvHung` Fatal fails the run naming it
 (exit 1); with `restart` the worker logs it, closes and exits with ENV_HUNG_EXIT and no Fatal, so
@@ -25,7 +27,7 @@ from orchestrator import messages
 from orchestrator.backends.base import GenRequest
 from orchestrator.wire import recv
 from orchestrator.config import Config
-from orchestrator.envs.runner import EpisodeRunner
+from orchestrator.envs.runner import EpisodeRunner, TurnAbort
 from orchestrator.errors import ENV_HUNG_EXIT
 from orchestrator.runtime.worker_base import WorkerContext, WorkerSpec, worker_entry
 
@@ -131,6 +133,9 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 msg = recv(req, timeout=0.0)
             if episodes is not None:              # model turns of running episodes
                 for t in episodes.requests():
+                    if isinstance(t, TurnAbort):      # its episode stopped waiting (a client gone)
+                        backend.abort(t.key)
+                        continue
                     backend.add(GenRequest(t.key, t.prompt_id, t.ids, 1, t.max_new_tokens,
                                            t.temperature, t.eval))
             for res in backend.step(0.0):
