@@ -10,7 +10,9 @@ runs one episode, `aclose()` stops the endpoint. One episode:
   `async def` blocks the loop that serves it, and is reported as a hang, `task.env_on_hang`), a
   plain function on a thread of this body's own pool (`workers` threads: the episodes one worker
   can hold at once), each under `task.agent_timeout_s` (past it: limited, reward 0; a thread that
-  does not return is abandoned and replaced);
+  does not return is abandoned and replaced). Many plain agents start at once: a library whose
+  first use is not thread-safe fails there (openai's lazily built pydantic models:
+  `DEFER_PYDANTIC_BUILD=false` before importing it, README);
 - the session is closed (later calls: 404; a call in flight is cancelled, its turn aborted);
 - the outcome, in order: a call that ended the episode (limited or rejected: `ended`) decides it,
   whatever the agent did after; an agent that raised is an environment error (`task.env_on_error`:

@@ -27,7 +27,8 @@ pytest.importorskip("aiohttp")
 
 AGENT = '''
 import json, os, random, urllib.error, urllib.request
-from openai import OpenAI
+os.environ.setdefault("DEFER_PYDANTIC_BUILD", "false")   # openai's models built at import: their
+from openai import OpenAI                                 # deferred build is not thread-safe
 
 LOG, KEYS = {log!r}, {keys!r}
 
