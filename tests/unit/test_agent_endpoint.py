@@ -6,6 +6,8 @@ in place of the backend. Checked:
   plus what the calls appended; the agent's reward, or `task.reward` over the transcript;
 - an HF chat template with `tools`: a hermes tool call comes back as `tool_calls`, the agent's
   copy of the turn is matched and the template extends the trajectory;
+- `/v1/completions`: a text prompt, then ids extending the trajectory; a text that does not
+  extend it is rejected, a chat call in a completions episode refused;
 - refusals (OpenAI error bodies, the run goes on): malformed JSON, unknown model, a wrong key,
   another live episode's key, `max_tokens` beyond the episode's budget, a rewritten conversation
   (the episode rejected, not trained), calls after the end;
@@ -357,3 +359,44 @@ def test_close_stops_the_endpoint():
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"{url}/e/x/v1/models", timeout=2)
     assert asyncio.iscoroutinefunction(tool_agent)
+
+
+COMPLETIONS: dict = {}
+
+
+def completions_agent(row, base_url, api_key):
+    """/v1/completions: a text prompt, then the ids so far + more ids, then text that does not
+    extend the trajectory (rejected)."""
+    c = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=20)
+    r1 = c.completions.create(model="policy", prompt=row["prompt"], logprobs=0,
+                              extra_body={"return_token_ids": True})
+    ch = r1.choices[0].model_dump()
+    more = ids("=9>")
+    r2 = c.completions.create(model="policy", prompt=ch["prompt_token_ids"] + ch["token_ids"] + more,
+                              extra_body={"return_token_ids": True})
+    COMPLETIONS["calls"] = [ch, r2.choices[0].model_dump()]
+    try:
+        c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+    except openai.BadRequestError as exc:
+        COMPLETIONS["mixed"] = exc.body["code"]
+    try:
+        c.completions.create(model="policy", prompt="something else")
+    except openai.BadRequestError as exc:
+        COMPLETIONS["rewritten"] = exc.body["code"]
+    return 1.0
+
+
+def test_completions_extend_the_trajectory_by_text_or_ids():
+    COMPLETIONS.clear()
+    r = runner(completions_agent)
+    r.start(8, prompt_id=8, row=6, n=1, is_eval=False, temperature=1.0)
+    (g,), turns, _ = drive(r, lambda k: ids(f"{k}{k}") + [EOS])
+    r.close()
+    first, second = COMPLETIONS["calls"]
+    assert first["prompt_token_ids"] == TOK("06>")["input_ids"] and first["text"] == "00"
+    assert first["logprobs"]["token_logprobs"] == [-0.25] * 3 and first["finish_reason"] == "stop"
+    assert second["prompt_token_ids"] == first["prompt_token_ids"] + first["token_ids"] + ids("=9>")
+    assert [t.ids.tolist() for t in turns] == [first["prompt_token_ids"], second["prompt_token_ids"]]
+    assert COMPLETIONS["mixed"] == "wrong_endpoint" and COMPLETIONS["rewritten"] == "rejected"
+    assert g.scalars[REJECTED] == 1 and not g.loss_mask.any()        # a rewrite: not trained
+    assert g.tokens.tolist() == second["prompt_token_ids"] + second["token_ids"]
