@@ -247,9 +247,9 @@ def entry_owner(fname: str) -> tuple[int, float] | None:
 _CREATOR = re.compile(re.escape(PREFIX) + r"(\d+)-")
 
 
-def _creator_pid(segment_fname: str) -> int | None:
-    """The pid encoded at the start of a run_id (`arl_<pid>-...`), or None."""
-    m = _CREATOR.match(segment_fname)
+def creator_pid(fname: str) -> int | None:
+    """The pid encoded at the start of a run_id (`arl_<pid>-...`) of a /dev/shm entry, or None."""
+    m = _CREATOR.match(_segment_of(fname))
     return int(m.group(1)) if m else None
 
 
@@ -260,7 +260,7 @@ def entry_owner_alive(fname: str, grace_s: float = 10.0) -> bool | None:
         return None if not os.path.exists(os.path.join(SHM_DIR, fname)) else False
     hdr = read_header(seg)
     if hdr is None:                                   # being created, or creator died before the magic
-        creator = _creator_pid(seg)
+        creator = creator_pid(seg)
         if creator is not None and not pid_alive(creator):
             return False
         try:

@@ -1,8 +1,10 @@
 """Shared pytest hooks: every test must leave none of this project's objects in /dev/shm."""
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import shutil
+import subprocess
 import tempfile
 
 import psutil
@@ -11,14 +13,40 @@ import pytest
 from shm import segments
 
 
+# Every process this pytest process started: the leak check attributes an entry by its owner (the
+# header's pid) or its creator (the pid a run's segment names start with), so that tests running in
+# parallel (pytest-xdist workers, or a second session) never count each other's entries.
+_STARTED: set[int] = set()
+
+
+def _track_starts() -> None:
+    popen_init, mp_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def init(self, *args, **kwargs):
+        popen_init(self, *args, **kwargs)
+        _STARTED.add(self.pid)
+
+    def start(self):
+        mp_start(self)
+        _STARTED.add(self.pid)
+    subprocess.Popen.__init__ = init
+    multiprocessing.process.BaseProcess.start = start
+
+
+_track_starts()
+
+
 def _left_by_us(fname: str) -> bool:
-    """New entry owned by this process, a descendant, a dead process, or nobody (orphan)."""
+    """A new entry whose owner or creator is this process, one it started (alive or dead), or a
+    live descendant; an entry with neither owner nor creator (an orphan) counts as ours."""
     if not os.path.exists(os.path.join(segments.SHM_DIR, fname)):
         return False
     owner = segments.entry_owner(fname)
-    if owner is None or owner[0] == os.getpid() or not segments.pid_alive(*owner):
+    creator = segments.creator_pid(fname)
+    if owner is None and creator is None:
         return True
-    return owner[0] in {p.pid for p in psutil.Process().children(recursive=True)}
+    ours = {os.getpid(), *_STARTED} | {p.pid for p in psutil.Process().children(recursive=True)}
+    return (owner is not None and owner[0] in ours) or creator in ours
 
 
 _HF_DATASETS_CACHE = None
