@@ -47,37 +47,57 @@ def _trainer(actor: dict, group=None, device="cpu", algo=None) -> TorchTrainer:
                         seed=3, group=group, device=device, algo=AlgoConfig(**(algo or {})))
 
 
-def _rank(rank, world, port, actor, weights_path, out, device="cpu", algo=None):
+def _rank(rank, world, port, cases, out_dir, device="cpu"):
+    """One rank of a `world`-rank group that trains one fresh trainer per case, in order, on one
+    process group (a spawn and a rendezvous are the expensive part, a tiny step is not): each
+    case's trainer takes one step on the same batch and writes its shards into `out_dir/<i>.w`;
+    rank 0 saves each case's stats and full gradients to `out_dir/<i>.pt`."""
+    from dataclasses import replace
     from orchestrator.backends.sharding import RankGroup
     faulthandler.enable(all_threads=True)     # a native abort shows every thread's Python stack
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
-    cfg = ActorConfig(**BASE, **actor, num_ranks=world)
     dev = torch.device(f"cuda:{rank}" if device == "cuda" else "cpu")
-    tr = _trainer(dict(actor, num_ranks=world), RankGroup.from_env(cfg, dev), dev, algo)
-    stats = tr.train_step(make_batch())
-    grads = tr.gradients()
-    with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-        tr.write_weights(memoryview(mm))     # every rank writes its own shards, in place
-        del mm
-    if rank == 0:
-        torch.save({"stats": stats, "grads": grads}, out)
-    tr.group.barrier()            # as the trainer worker does at shutdown: close together
+    group = None
+    for i, (actor, algo) in enumerate(cases):
+        cfg = ActorConfig(**BASE, **actor, num_ranks=world)
+        group = (RankGroup.from_env(cfg, dev) if group is None
+                 else replace(group, strategy=cfg.strategy))    # the same process group
+        tr = _trainer(dict(actor, num_ranks=world), group, dev, algo)
+        stats = tr.train_step(make_batch())
+        grads = tr.gradients()
+        with open(os.path.join(out_dir, f"{i}.w"), "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+            tr.write_weights(memoryview(mm))     # every rank writes its own shards, in place
+            del mm
+        if rank == 0:
+            torch.save({"stats": stats, "grads": grads}, os.path.join(out_dir, f"{i}.pt"))
+        group.barrier()
+    group.barrier()               # as the trainer worker does at shutdown: close together
     tr.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)     # as trainer workers do: gloo's native threads may abort at finalization
 
 
-def run_ranks(tmp_path, world, actor, device="cpu", algo=None):
-    one = _trainer({})
-    path = tmp_path / "weights"
-    path.write_bytes(b"\xff" * one.weight_nbytes())          # bytes no rank wrote stay 0xff
-    out = tmp_path / "rank0.pt"
-    mp.start_processes(_rank, args=(world, free_port(), actor, str(path), str(out), device, algo),
+def run_ranks_cases(out_dir, world, cases, device="cpu"):
+    """[(stats, grads, weight bytes)] of each (actor, algo) case trained on one `world`-rank group."""
+    n = _trainer({}).weight_nbytes()
+    os.makedirs(out_dir, exist_ok=True)
+    for i in range(len(cases)):
+        with open(os.path.join(out_dir, f"{i}.w"), "wb") as f:
+            f.write(b"\xff" * n)                             # bytes no rank wrote stay 0xff
+    mp.start_processes(_rank, args=(world, free_port(), cases, str(out_dir), device),
                        nprocs=world, start_method="spawn", join=True)
-    got = torch.load(out, weights_only=False)
-    return got["stats"], got["grads"], path.read_bytes()
+    out = []
+    for i in range(len(cases)):
+        got = torch.load(os.path.join(out_dir, f"{i}.pt"), weights_only=False)
+        with open(os.path.join(out_dir, f"{i}.w"), "rb") as f:
+            out.append((got["stats"], got["grads"], f.read()))
+    return out
+
+
+def run_ranks(tmp_path, world, actor, device="cpu", algo=None):
+    return run_ranks_cases(tmp_path / "ranks", world, [(actor, algo)], device)[0]
 
 
 def single(actor, device="cpu", algo=None):
@@ -114,28 +134,6 @@ def test_micro_batches_change_nothing(reference, budget, packed, ckpt):
     assert_same(reference, got, f"1 rank, budget {budget}, packed {packed}, checkpointing {ckpt}")
 
 
-@pytest.mark.parametrize("sharding,budget,packed", [("fsdp", None, False), ("fsdp", 30, False),
-                                                    ("ddp", 30, False), ("fsdp", 30, True)])
-def test_two_ranks_same_loss_gradients_and_weights(tmp_path, reference, sharding, budget, packed):
-    got = run_ranks(tmp_path, 2, {"sharding": sharding, "micro_batch_tokens": budget,
-                                  "pack_sequences": packed})
-    assert_same(reference, got, f"2 ranks {sharding}, budget {budget}, packed {packed}")
-    assert got[0]["tokens"] > 0 and got[0]["skipped"] == 0
-
-
-def test_one_fsdp_rank(tmp_path, reference):
-    """actor.sharding=fsdp at world size 1: the sharded code path on a group of one."""
-    assert_same(reference, run_ranks(tmp_path, 1, {"sharding": "fsdp", "micro_batch_tokens": 30}),
-                "1 rank fsdp")
-
-
-def test_more_ranks_than_sequences(tmp_path, reference):
-    """3 ranks, fsdp, a budget that makes 1-sequence micro-batches: some ranks run zero-weight
-    passes so that every rank joins the same collectives."""
-    got = run_ranks(tmp_path, 3, {"sharding": "fsdp", "micro_batch_tokens": 16})
-    assert_same(reference, got, "3 ranks fsdp")
-
-
 # The recipes (issue #24): the sequence-level aggregations need the global sequence count, as
 # token-mean needs the global token count; each combination also runs a sequence-level loss or
 # correction on packed rows, which the trainer lays out one sequence per row.
@@ -153,82 +151,132 @@ RECIPES = {
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if i else [])
-                                  for i, n in enumerate(RECIPES)])   # ~25 s each: one by default
-def test_recipes_are_split_invariant(tmp_path, name):
+TWO_RANKS = [("fsdp", None, False), ("fsdp", 30, False), ("ddp", 30, False), ("fsdp", 30, True)]
+BF16 = {"sharding": "fsdp", "param_dtype": "bfloat16", "reduce_dtype": "float32"}
+
+
+def _recipe_on_ranks(name):
+    actor, algo = RECIPES[name]
+    return dict(actor, sharding="fsdp", micro_batch_tokens=30, pack_sequences=True), algo
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every 2-rank case of this file trained on ONE 2-rank gloo group (one spawn, one rendezvous):
+    {case name: (stats, grads, weight bytes)}."""
+    cases = {**{("split",) + c: ({"sharding": c[0], "micro_batch_tokens": c[1], "pack_sequences": c[2]},
+                                 None) for c in TWO_RANKS},
+             "bf16": (BF16, None), **{name: _recipe_on_ranks(name) for name in RECIPES}}
+    got = run_ranks_cases(tmp_path_factory.mktemp("two_ranks"), 2, list(cases.values()))
+    return dict(zip(cases, got))
+
+
+@pytest.mark.parametrize("sharding,budget,packed", TWO_RANKS)
+def test_two_ranks_same_loss_gradients_and_weights(two_ranks, reference, sharding, budget, packed):
+    got = two_ranks[("split", sharding, budget, packed)]
+    assert_same(reference, got, f"2 ranks {sharding}, budget {budget}, packed {packed}")
+    assert got[0]["tokens"] > 0 and got[0]["skipped"] == 0
+
+
+def test_one_fsdp_rank(tmp_path, reference):
+    """actor.sharding=fsdp at world size 1: the sharded code path on a group of one."""
+    assert_same(reference, run_ranks(tmp_path, 1, {"sharding": "fsdp", "micro_batch_tokens": 30}),
+                "1 rank fsdp")
+
+
+def test_more_ranks_than_sequences(tmp_path, reference):
+    """3 ranks, fsdp, a budget that makes 1-sequence micro-batches: some ranks run zero-weight
+    passes so that every rank joins the same collectives."""
+    got = run_ranks(tmp_path, 3, {"sharding": "fsdp", "micro_batch_tokens": 16})
+    assert_same(reference, got, "3 ranks fsdp")
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipes_are_split_invariant(two_ranks, name):
     actor, algo = RECIPES[name]
     ref = single(actor, algo=algo)
     assert ref[0]["skipped"] == 0 and ref[0]["imp_weight_mean"] != 1.0
     for budget, packed in [(1, False), (30, True)]:
         got = single(dict(actor, micro_batch_tokens=budget, pack_sequences=packed), algo=algo)
         assert_same(ref, got, f"{name}: 1 rank, budget {budget}, packed {packed}")
-    got = run_ranks(tmp_path, 2, dict(actor, sharding="fsdp", micro_batch_tokens=30,
-                                      pack_sequences=True), algo=algo)
-    assert_same(ref, got, f"{name}: 2 ranks fsdp, packed")
+    assert_same(ref, two_ranks[name], f"{name}: 2 ranks fsdp, packed")
 
 
-def _rank_resume(rank, world, port, ckpt, weights_path, phase):
-    """phase 'save': step on batch 0, save, step on batch 1; 'background': step on batch 0, take
-    a snapshot, step on batch 1, then write the snapshot in a thread while the main thread runs its
-    own collectives (the trainer worker's background save); 'load': load, step on batch 1.
-    Each writes the weights after its last step (each rank its shards)."""
+def _rank_resume(rank, world, port, tmp, phases):
+    """Per phase, on one 2-rank group, a fresh trainer: 'save': step on batch 0, save, step on
+    batch 1; 'background': step on batch 0, take a snapshot, step on batch 1, then write the
+    snapshot in a thread while the main thread runs its own collectives (the trainer worker's
+    background save); 'load-save' / 'load-background': load that checkpoint, step on batch 1.
+    Each writes the weights after its last step (each rank its shards) to `tmp/w-<phase>`."""
     import threading
     from orchestrator.backends.sharding import RankGroup
     faulthandler.enable(all_threads=True)     # a native abort shows every thread's Python stack
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(1)
     actor = {"num_ranks": world, "micro_batch_tokens": 40}
-    tr = _trainer(actor, RankGroup.from_env(ActorConfig(**BASE, **actor), torch.device("cpu")))
-    if phase == "load":
-        tr.load(ckpt)
-    else:
-        tr.train_step(make_batch(0))
-        write = tr.snapshot() if phase == "background" else tr.save(ckpt)
-        with open(weights_path + "-at-save", "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+    group = RankGroup.from_env(ActorConfig(**BASE, **actor), torch.device("cpu"))
+    for phase in phases:
+        ckpt, weights_path = os.path.join(tmp, "ckpt-" + phase.split("-")[-1]), os.path.join(tmp, "w-" + phase)
+        tr = _trainer(actor, group)
+        if phase.startswith("load"):
+            tr.load(ckpt)
+        else:
+            tr.train_step(make_batch(0))
+            write = tr.snapshot() if phase == "background" else tr.save(ckpt)
+            with open(weights_path + "-at-save", "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+                tr.write_weights(memoryview(mm))
+                del mm
+            tr.group.barrier()
+        tr.train_step(make_batch(1))
+        writer = None
+        if phase == "background":     # after step 1: a snapshot sharing the live state saves step 1's
+            writer = threading.Thread(target=write, args=(ckpt,))
+            writer.start()
+        with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
             tr.write_weights(memoryview(mm))
             del mm
+        for _ in range(20):           # the training group's collectives while the writer runs its own
+            tr.group.reduce([1.0])
+            tr.group.barrier()
+        if writer is not None:
+            writer.join()
         tr.group.barrier()
-    tr.train_step(make_batch(1))
-    writer = None
-    if phase == "background":     # after step 1: a snapshot sharing the live state saves step 1's
-        writer = threading.Thread(target=write, args=(ckpt,))
-        writer.start()
-    with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-        tr.write_weights(memoryview(mm))
-        del mm
-    for _ in range(20):           # the training group's collectives while the writer runs its own
-        tr.group.reduce([1.0])
-        tr.group.barrier()
-    if writer is not None:
-        writer.join()
-    tr.group.barrier()
     tr.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Both ways of saving on 2 FSDP2 ranks (one group), then both checkpoints loaded by 2 fresh
+    ranks (a second group): the folder holding their weight files and checkpoints."""
+    tmp = tmp_path_factory.mktemp("resumed")
+    n = _trainer({}).weight_nbytes()
+    for name in ("save", "background", "load-save", "load-background"):
+        (tmp / f"w-{name}").write_bytes(b"\xff" * n)
+    for name in ("save", "background"):
+        (tmp / f"w-{name}-at-save").write_bytes(b"\xff" * n)
+    for phases in (["save", "background"], ["load-save", "load-background"]):
+        mp.start_processes(_rank_resume, args=(2, free_port(), str(tmp), phases), nprocs=2,
+                           start_method="spawn", join=True)
+    return tmp
+
+
 @pytest.mark.parametrize("save", ["save", "background"])
-def test_sharded_checkpoint_resumes_weights_and_optimizer(tmp_path, save):
+def test_sharded_checkpoint_resumes_weights_and_optimizer(resumed, save):
     """A DCP checkpoint of 2 FSDP2 ranks, loaded by 2 fresh ranks: the next step gives the same
     weights bit for bit as the run that never stopped (Adam's moments came back too); its hf/
     export holds the full weights that transformers loads. Saved at once, or (background) from a
     snapshot written by a thread after the next step changed the live state."""
     from transformers import AutoModelForCausalLM
-    n = _trainer({}).weight_nbytes()
-    ckpt = str(tmp_path / "ckpt")
-    out = {}
-    (tmp_path / f"w-{save}-at-save").write_bytes(b"\xff" * n)
-    for phase in (save, "load"):
-        path = tmp_path / f"w-{phase}"
-        path.write_bytes(b"\xff" * n)
-        mp.start_processes(_rank_resume, args=(2, free_port(), ckpt, str(path), phase), nprocs=2,
-                           start_method="spawn", join=True)
-        out[phase] = path.read_bytes()
-    assert out[save] == out["load"]
+    ckpt = str(resumed / f"ckpt-{save}")
+    weights = (resumed / f"w-{save}").read_bytes()
+    assert b"\xff" * 8 not in weights                  # every shard written (0xff x 8: NaNs)
+    assert weights == (resumed / f"w-load-{save}").read_bytes()
     assert sorted(os.listdir(os.path.join(ckpt, "dcp")))[:1] == [".metadata"]
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(ckpt, "hf"))
-    saved = bytearray((tmp_path / f"w-{save}-at-save").read_bytes())
+    saved = bytearray((resumed / f"w-{save}-at-save").read_bytes())
     one = _trainer({})
     load_flat(one.module, memoryview(saved), one.layout)
     for (name, a), (_, b) in zip(one.module.named_parameters(), hf.named_parameters()):
@@ -247,12 +295,11 @@ def test_fsdp2_nccl_matches_one_gpu(tmp_path, world):
     assert_same(ref, got, f"{world} GPU rank(s), fsdp", tol=2e-3)
 
 
-def test_bf16_compute_with_fp32_reduction(tmp_path, reference):
+def test_bf16_compute_with_fp32_reduction(two_ranks, reference):
     """actor.param_dtype=bfloat16 with reduce_dtype=float32 (FSDP2's MixedPrecisionPolicy) on 2
     gloo ranks: the parameters stay fp32 (so do the published weights), the step matches the fp32
     one to bf16 precision."""
-    got = run_ranks(tmp_path, 2, {"sharding": "fsdp", "param_dtype": "bfloat16",
-                                  "reduce_dtype": "float32"})
+    got = two_ranks["bf16"]
     (s0, g0, w0), (s1, g1, w1) = reference, got
     assert s1["loss"] == pytest.approx(s0["loss"], rel=0.05, abs=1e-3)
     for name in g0:
