@@ -3,9 +3,28 @@ per session and must not be modified by a test (copy it first). `launch_main`: t
 refusals checked in this process."""
 from __future__ import annotations
 
+import contextlib
+import io
+import subprocess
+
 import pytest
 
 from tests.integration.lifecycle import ROOT, run
+
+
+def call_main(main, *args) -> subprocess.CompletedProcess:
+    """A tool's `main(argv)` (report, inspect, audit, export) called in this process, its output
+    captured: what `python -m orchestrator.<tool> ARGS` returns, without paying the interpreter's and
+    torch's imports once per call. Each tool keeps one test through a real process (exit status and
+    streams of the process itself)."""
+    out, err = io.StringIO(), io.StringIO()
+    argv = [str(a) for a in args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:                   # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture
@@ -42,13 +61,13 @@ def sim_run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def torch_run_dir(tmp_path_factory):
-    """The embedded default (tiny torch model, copy2 task), 60 steps in two launches (resumed at
-    step 40), eval every 30 steps: real tokens, rewards, advantages and eval lines."""
+    """The embedded default (tiny torch model, copy2 task), 30 steps in two launches (resumed at
+    step 20), eval every 15 steps: real tokens, rewards, advantages and eval lines."""
     pytest.importorskip("torch")
     d = tmp_path_factory.mktemp("torch_run") / "run"
-    for total in (40, 60):
-        out = run(d, f"run.total_steps={total}", "run.resume=auto", "run.checkpoint_every=20",
-                  "eval.every_steps=30", "metrics.interval_s=0.5", "run.progress=false",
+    for total in (20, 30):
+        out = run(d, f"run.total_steps={total}", "run.resume=auto", "run.checkpoint_every=10",
+                  "eval.every_steps=15", "metrics.interval_s=0.5", "run.progress=false",
                   config="configs/default.yaml", timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
     return d

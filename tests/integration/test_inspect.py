@@ -18,11 +18,18 @@ import pytest
 
 from orchestrator.run.durable import read_record, write_record
 from shm.codec import Sequences, decode, encode
+from tests.integration.conftest import call_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def inspect(*args):
+    """The tool called in this process (`call_main`); `test_the_process_...` runs it as a process."""
+    from orchestrator.observe.inspect import main
+    return call_main(main, *args)
+
+
+def inspect_process(*args):
     return subprocess.run([sys.executable, "-m", "orchestrator.inspect", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
@@ -147,6 +154,13 @@ def test_human_output_names_every_sample_and_its_stamp(sim_run_dir, torch_run_di
             assert f"head age {want['age']}" in block.group(0)
 
 
+def test_the_process_prints_what_main_returns(sim_run_dir):
+    step = steps_of(sim_run_dir)[-1]
+    out = inspect_process(sim_run_dir, "--step", step, "--jsonl")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout == inspect(sim_run_dir, "--step", step, "--jsonl").stdout != ""
+
+
 # ------------------------------------------------------- synthetic batch: spans, gaps, not live
 
 def synthetic_run(tmp_path, sim_run_dir):
@@ -199,8 +213,9 @@ def test_worst_by_age_is_the_oldest_heads(tmp_path, sim_run_dir):
 # ----------------------------------------------------------------------------------- bad input
 
 def test_missing_step_names_the_range(sim_run_dir):
+    """Through a real process: exit status 2, one line on stderr, nothing on stdout."""
     steps = steps_of(sim_run_dir)
-    line = one_error_line(inspect(sim_run_dir, "--step", steps[-1] + 7))
+    line = one_error_line(inspect_process(sim_run_dir, "--step", steps[-1] + 7))
     assert f"step {steps[-1] + 7}" in line and f"{steps[0]}..{steps[-1]}" in line
 
 

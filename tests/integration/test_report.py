@@ -12,6 +12,7 @@ import sys
 import pytest
 import yaml
 
+from tests.integration.conftest import call_main
 from tests.integration.lifecycle import ROOT, run
 
 pytest.importorskip("matplotlib")
@@ -22,6 +23,12 @@ STEP_PLOTS = {"reward", "age", "admissions", "out_queue", "parked", "weight_sync
 
 
 def report(run_dir, out):
+    """The tool called in this process (`call_main`); the sim run's report goes through a process."""
+    from orchestrator.observe.report import main
+    return call_main(main, run_dir, "--out", out)
+
+
+def report_process(run_dir, out):
     return subprocess.run([sys.executable, "-m", "orchestrator.report", str(run_dir), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
@@ -49,7 +56,7 @@ def expected(run_dir):
 @pytest.fixture(scope="module")
 def sim_report(sim_run_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("sim_report") / "report"
-    return report(sim_run_dir, out), out
+    return report_process(sim_run_dir, out), out
 
 
 @pytest.fixture(scope="module")
