@@ -61,13 +61,14 @@ def sim_run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def torch_run_dir(tmp_path_factory):
-    """The embedded default (tiny torch model, copy2 task), 30 steps in two launches (resumed at
-    step 20), eval every 15 steps: real tokens, rewards, advantages and eval lines."""
+    """The embedded default (tiny torch model, copy2 task), 100 steps in two launches (resumed at
+    step 80), eval every 50 steps: real tokens, rewards, advantages and eval lines, and the default
+    suite's run of the async pipeline that learns (test_torch_learns)."""
     pytest.importorskip("torch")
     d = tmp_path_factory.mktemp("torch_run") / "run"
-    for total in (20, 30):
-        out = run(d, f"run.total_steps={total}", "run.resume=auto", "run.checkpoint_every=10",
-                  "eval.every_steps=15", "metrics.interval_s=0.5", "run.progress=false",
+    for total in (80, 100):
+        out = run(d, f"run.total_steps={total}", "run.resume=auto", "run.checkpoint_every=40",
+                  "eval.every_steps=50", "metrics.interval_s=0.5", "run.progress=false",
                   config="configs/default.yaml", timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
     return d

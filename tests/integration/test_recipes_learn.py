@@ -1,7 +1,8 @@
 """Each recipe preset (configs/recipes/) learns the default task on CPU through the full async
 pipeline: the mean reward of the last 50 steps is at least 0.3 above the first 50's (issue #24).
-One preset runs in the default suite (dapo: it also carries the train sink's overlong shaping end
-to end); the others are slow-marked. Every step line carries the recipe's own fields."""
+All are slow-marked (learning soaks, about a minute each on 2 cores; `.ci/run` runs them): the
+default suite checks each recipe's math in tests/unit/test_algo_* and its split invariance on
+trainer ranks in test_trainer_ranks. Every step line carries the recipe's own fields."""
 import json
 import subprocess
 import sys
@@ -11,22 +12,25 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 200          # the default job runs 800 for its 0.8 target; 0.3 of gain comes well before
+STEPS = 200          # the default job runs 400 for its 0.8 target; 0.3 of gain comes well before
+# dapo's reward can sit at its start (0.05) for 60-200 steps before it takes off (its dynamic
+# sampling trains only the groups that disagree): 200 steps failed twice in four runs on 2026-12-04
+LONGER = {"dapo": 400}
 WINDOW = 50
 FIELDS = {"dapo": ["overlong_cut", "overlong_penalized", "overlong_penalty_mean", "filtered_groups"],
           "grpo": ["kl_ref_mean", "train_kl_ref_loss"]}
-DEFAULT_SUITE = "dapo"
 RECIPES = sorted(p.stem for p in (ROOT / "configs" / "recipes").glob("*.yaml"))
 
 
 def _learns(run_dir: Path, name: str) -> None:
+    total = LONGER.get(name, STEPS)
     proc = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config",
                            f"configs/recipes/{name}.yaml", f"run.dir={run_dir}",
-                           f"run.total_steps={STEPS}", "eval.every_steps=0", "run.progress=false"],
+                           f"run.total_steps={total}", "eval.every_steps=0", "run.progress=false"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in steps] == list(range(1, total + 1))
     rewards = np.array([r["reward_mean"] for r in steps])
     first, last = rewards[:WINDOW].mean(), rewards[-WINDOW:].mean()
     assert last - first >= 0.3, (name, first, last)
@@ -36,7 +40,7 @@ def _learns(run_dir: Path, name: str) -> None:
         assert steps[0]["kl_ref_mean"] == 0.0 and steps[-1]["kl_ref_mean"] > 0
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == DEFAULT_SUITE else [pytest.mark.slow])
-                                  for n in RECIPES])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES)
 def test_recipe_learns_the_default_task(tmp_path, name):
     _learns(tmp_path / "run", name)

@@ -1,5 +1,9 @@
 """Torch backends end to end in one process: synchronous GRPO learns the default task; partial
-rollouts span versions; inference logprobs equal the trainer's recomputed logprobs."""
+rollouts span versions; inference logprobs equal the trainer's recomputed logprobs. And the
+embedded default job, asynchronous through real workers (the shared `torch_run_dir`: 100 steps,
+resumed at 80), learns: the default suite's learning check of the whole pipeline (the 400-step
+soak with its 0.8 target is test_default_learns, slow-marked)."""
+import json
 import time
 
 import numpy as np
@@ -155,3 +159,13 @@ def test_admission_respects_max_batch_and_abort_removes_requests():
     assert seqs.ident == 1 and seqs.n == 5
     with pytest.raises(ValueError):
         inf.add(GenRequest(9, 0, np.arange(200, dtype=np.int32) % 10, 1, MAX_NEW, 1.0))
+
+
+def test_the_default_job_learns_through_the_async_pipeline(torch_run_dir):
+    recs = [json.loads(line) for line in open(torch_run_dir / "metrics.jsonl")]
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 101))
+    rewards = np.array([r["reward_mean"] for r in steps])
+    first, last = rewards[:10].mean(), rewards[-10:].mean()
+    assert last - first >= 0.25, (first, last)        # seeds 0-8 pass 0.8 at steps 100-170
+    assert max(r["age_max"] for r in steps) <= 2       # the configured bound, S=2
