@@ -27,6 +27,17 @@ def call_main(main, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
+SHARED_RUNS = ("sim_run_dir", "torch_run_dir")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`), the tests that read a shared session run go to one
+    worker, so that each run is made once, not once per worker."""
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in SHARED_RUNS):
+            item.add_marker(pytest.mark.xdist_group("shared_runs"))
+
+
 @pytest.fixture
 def launch_main(monkeypatch, capfd):
     """`launch_main(*args, cwd=ROOT) -> (exit code, stderr)`: `orchestrator.launch.main` called in
