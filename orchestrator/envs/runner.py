@@ -40,7 +40,7 @@ its `open(runner)` runs on the loop at construction (the endpoint starts), its `
 group, ep)` is each episode's body instead of reset/step/score (with `generate`, `rendered`,
 `call`, `reward`, `where`, `watching` and `Ended` / `EnvError`, as the environment's body uses them),
 and its `aclose()` runs at `close()`. A turn whose episode stops waiting for it (cancelled: a client
-gone, a call past its timeout) is aborted: `requests()` then yields a `TurnAbort` after it.
+gone, a call past its timeout) is aborted: its key comes out of `aborts()`.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -90,11 +90,6 @@ class TurnRequest:
     max_new_tokens: int
     temperature: float
     eval: bool
-
-
-@dataclass
-class TurnAbort:
-    key: int                     # a turn whose episode stopped waiting for it (abort it)
 
 
 class Ended(Exception):
@@ -142,6 +137,7 @@ class EpisodeRunner:
         self._seeds = np.random.SeedSequence(seed)
         self._requests: "queue.SimpleQueue[TurnRequest]" = queue.SimpleQueue()
         self._done: "queue.SimpleQueue[tuple[int, Any]]" = queue.SimpleQueue()
+        self._aborts: "queue.SimpleQueue[int]" = queue.SimpleQueue()
         self._turns: dict[int, tuple[asyncio.Future, float]] = {}   # key -> (future, submit time)
         self._groups: dict[int, _Group] = {}
         self._next_key = KEY_BASE
@@ -176,12 +172,21 @@ class EpisodeRunner:
             self._groups[request_id] = g
         g.task = asyncio.run_coroutine_threadsafe(self._group(g), self.loop)
 
-    def requests(self) -> list[Union[TurnRequest, TurnAbort]]:
-        """Model turns to put to the backend, and turns to abort, in the order they came."""
+    def requests(self) -> list[TurnRequest]:
         out = []
         while True:
             try:
                 out.append(self._requests.get_nowait())
+            except queue.Empty:
+                return out
+
+    def aborts(self) -> list[int]:
+        """Keys of turns whose episodes stopped waiting for them (to abort in the backend); drained
+        after `requests()`, so that a turn is added before its abort."""
+        out = []
+        while True:
+            try:
+                out.append(self._aborts.get_nowait())
             except queue.Empty:
                 return out
 
@@ -338,7 +343,7 @@ class EpisodeRunner:
             with self._lock:
                 pending = self._turns.pop(key, None) is not None
             if pending:
-                self._requests.put(TurnAbort(key))
+                self._aborts.put(key)
             raise
         finally:
             with self._lock:

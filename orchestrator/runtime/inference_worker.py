@@ -27,7 +27,7 @@ from orchestrator import messages
 from orchestrator.backends.base import GenRequest
 from orchestrator.wire import recv
 from orchestrator.config import Config
-from orchestrator.envs.runner import EpisodeRunner, TurnAbort
+from orchestrator.envs.runner import EpisodeRunner
 from orchestrator.errors import ENV_HUNG_EXIT
 from orchestrator.runtime.worker_base import WorkerContext, WorkerSpec, worker_entry
 
@@ -133,11 +133,10 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 msg = recv(req, timeout=0.0)
             if episodes is not None:              # model turns of running episodes
                 for t in episodes.requests():
-                    if isinstance(t, TurnAbort):      # its episode stopped waiting (a client gone)
-                        backend.abort(t.key)
-                        continue
                     backend.add(GenRequest(t.key, t.prompt_id, t.ids, 1, t.max_new_tokens,
                                            t.temperature, t.eval))
+                for key in episodes.aborts():        # their episodes stopped waiting (a client gone)
+                    backend.abort(key)
             for res in backend.step(0.0):
                 if episodes is not None:
                     episodes.turn_done(res.request_id, res.sequences)

@@ -29,7 +29,7 @@ from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput
 from orchestrator.data.tokens import load_tokens
 from orchestrator.envs.base import LIMITED, REJECTED, TOOL_CALLS
 from orchestrator.envs.render import TurnRenderer
-from orchestrator.envs.runner import EpisodeRunner, Limits, TurnAbort
+from orchestrator.envs.runner import EpisodeRunner, Limits
 from shm.codec import Sequences
 
 pytest.importorskip("transformers")
@@ -62,9 +62,6 @@ def drive(r, sample, version=lambda: 0, answer=lambda k: True, deadline_s=30.0):
     turns, aborts, out, end = [], [], [], time.monotonic() + deadline_s
     while not out and time.monotonic() < end:
         for t in r.requests():
-            if isinstance(t, TurnAbort):
-                aborts.append(t.key)
-                continue
             k = len(turns)
             turns.append(t)
             if answer(k):
@@ -72,6 +69,7 @@ def drive(r, sample, version=lambda: 0, answer=lambda k: True, deadline_s=30.0):
                 r.turn_done(t.key, Sequences.build(0, t.key, v, [
                     {"prompt": list(t.ids), "completion": got, "logprobs": [-0.25 - k] * len(got),
                      "versions": v}]))
+        aborts += r.aborts()
         out = r.ready()
         time.sleep(0.001)
     assert out, "no group finished"
