@@ -106,3 +106,41 @@ def test_sim_task_gives_random_prompts_without_rows():
     assert np.array_equal(p, task.train_prompt(4)[1])
     assert len(task.eval_prompts()) == 3 and task.num_train == 10 and task.max_prompt_tokens == 5
     assert {"sim", "dataset"} <= set(task_names())
+
+
+def test_built_in_rows_read_as_the_same_dataset_would():
+    """`Rows` against `datasets.Dataset.from_dict` of the same columns through the generic path:
+    the same kept rows, ids and identity (a run made before `Rows` resumes under it)."""
+    datasets = pytest.importorskip("datasets")
+    from orchestrator.data.digits import Rows
+    from orchestrator.data.prompt_set import PromptSet
+    from orchestrator.data.tokens import PromptRenderer, load_tokens
+
+    cfg = workload_config(name="add1")
+    train, evl = digit_datasets("add1", None, 0)
+    assert isinstance(train, Rows) and len(train) + len(evl) == 100
+    as_ds = [datasets.Dataset.from_dict({c: [r[c] for r in (t[i] for i in range(len(t)))]
+                                         for c in t.column_names}) for t in (train, evl)]
+    renderer = PromptRenderer(load_tokens(None), cfg.task)
+    a = PromptSet(train, evl, renderer, cfg.task, 0, needs_answer=True)
+    b = PromptSet(*as_ds, renderer, cfg.task, 0, needs_answer=True)
+    assert a.identity == b.identity and a.max_prompt_tokens == b.max_prompt_tokens
+    for i in range(0, 300, 7):
+        assert np.array_equal(a.train_prompt(i)[1], b.train_prompt(i)[1])
+    assert [p.tolist() for _, p, _ in a.eval_prompts()] == [p.tolist() for _, p, _ in b.eval_prompts()]
+    assert train[-1] == as_ds[0][len(train) - 1] and train[3] == as_ds[0][3]
+    with pytest.raises(IndexError):
+        train[len(train)]
+
+
+def test_a_built_in_task_loads_without_importing_datasets():
+    import subprocess
+    import sys
+    code = ("import sys; from tests.workload import workload_config, prompts_and_reward; "
+            "p, r = prompts_and_reward(workload_config(name='copy2')); "
+            "assert p.num_train > 0 and r(p.train_prompt(0)[2], [1]) == 0.0; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('datasets', 'pandas', 'pyarrow')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
