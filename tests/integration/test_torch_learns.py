@@ -63,6 +63,7 @@ def _grpo_batch(groups, step):
     return concat(keep, kind=2, ident=step, version=step) if keep else None
 
 
+@pytest.mark.slow     # ~35 s: the default suite's learning check is the async one below (shared run)
 def test_sync_grpo_learns_the_default_task():
     torch.set_num_threads(1)
     inf, tr, task = _backends(seed=0)
