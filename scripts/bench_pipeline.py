@@ -2,6 +2,7 @@
 
     python scripts/bench_pipeline.py [--steps 40] [--latency 0.05] [--step-time 0.05] [--backend sim]
     python scripts/bench_pipeline.py --backend multiturn [--tool-latency 0.05] [--tool-sigma 1.0]
+    python scripts/bench_pipeline.py --backend agent [--steps 40] [--rounds 5]
     python scripts/bench_pipeline.py --sigma 1.5 --bound 3       # a long tail, with the hard bound
     python scripts/bench_pipeline.py --backend torch --json out.json "inference.devices=['0']"
 
@@ -13,6 +14,11 @@ observed ages. With the `sim` backends the work is sleeps, so the ratio measures
 `--backend multiturn` runs the multi-turn tool job (configs/multiturn.yaml: the tiny model, the
 `lookup` environment) with a long-tailed tool latency (lognormal, mean `--tool-latency`, sigma
 `--tool-sigma`): episodes of two model turns around a tool call whose wait varies per episode.
+`--backend agent` runs that job's `lookup` task twice per round, its episodes played in process and
+by the built-in agent over the inference worker's HTTP endpoint (`task.agent`:
+orchestrator/envs/agent_lookup.py, an AsyncOpenAI client), both asynchronous (S=`--staleness`)
+without tool latency, and prints episodes/s of each and the ratio agent / in-process (median of the
+per-round ratios, with their min-max): the cost of the HTTP path on the same task.
 `--sigma X` makes the sim rollout latency lognormal (mean `--latency`, sigma X: a long tail; a
 comma list runs one table per sigma). With the sim backend every table also prints the throughput
 of a zero-overhead event model of the same workload driving the real gate (scripts/event_model.py)
@@ -41,7 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0) -> dict:
+AGENT = "orchestrator.envs.agent_lookup:run"     # the built-in lookup task played over HTTP
+
+
+def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0, agent: bool = False) -> dict:
     if args.backend == "sim":
         cfg = "configs/sim.yaml"
         extra = [f"inference.sim.latency_s={args.latency}", f"actor.sim.step_time_s={args.step_time}"]
@@ -51,6 +60,11 @@ def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0) -> dict:
         cfg = "configs/multiturn.yaml"
         extra = ["eval.every_steps=0", "run.checkpoint_every=0",
                  f"task.env_args={{latency_s: {args.tool_latency}, latency_sigma: {args.tool_sigma}}}"]
+    elif args.backend == "agent":                  # the same job and task, no tool latency in either
+        cfg = "configs/multiturn.yaml"
+        extra = ["eval.every_steps=0", "run.checkpoint_every=0", "task.env_args={latency_s: 0.0}"]
+        if agent:
+            extra.append(f"task.agent={AGENT}")
     else:
         cfg = "configs/default.yaml"
         extra = ["eval.every_steps=0", "run.checkpoint_every=0"]
@@ -67,7 +81,9 @@ def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0) -> dict:
     warm = steps[len(steps) // 4:]                   # skip the fill-up
     span = warm[-1]["time"] - warm[0]["time"]
     train = sum(r["train_s"] for r in warm[1:])
+    episodes = sum(r["trainable"] + r.get("rollouts_rejected", 0) for r in warm[1:])
     return {"steps_per_s": (len(warm) - 1) / span, "trainer_busy": train / span,
+            "episodes_per_s": episodes / span,
             "age_max": max(r["age_max"] for r in steps), "age_p99": max(r["age_p99"] for r in steps),
             "age_mean": statistics.mean(r["age_mean"] for r in steps),
             **{k: sum(r.get(k, 0) for r in steps) for k in ("aborted", "dropped", "wasted_tokens")}}
@@ -131,6 +147,36 @@ def block(args, sigma) -> dict:
             **{f"{m}_age_max": max(x["age_max"] for x in xs) for m, xs in res.items()}}
 
 
+def agent_block(args) -> dict:
+    """`--backend agent`: the lookup job with its episodes played in process (`task.name: lookup`)
+    and by the built-in agent over the worker's HTTP endpoint (`task.agent`, envs/agent_lookup.py),
+    both at S=`--staleness`, interleaved over rounds with one seed per round; prints episodes/s of
+    each and the ratio agent / in-process: the median of the per-round ratios and their spread."""
+    S = args.staleness
+    res: dict = {"env": [], "agent": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for m in res:
+                res[m].append(run_once(S, args, os.path.join(tmp, f"{m}_{r}"), seed=r, agent=m == "agent"))
+    ratios = [a["episodes_per_s"] / e["episodes_per_s"] for a, e in zip(res["agent"], res["env"])]
+    print(f"bench_pipeline: backend agent (the lookup job, S={S}), {args.steps} steps x {args.rounds} rounds")
+    print(f"{'mode':14s} {'episodes/s':>11s} {'(min-max)':>15s} {'steps/s':>8s} {'trainer busy':>13s} {'age max':>8s}")
+    names = {"env": "in-process", "agent": "agent (HTTP)"}
+    for m, xs in res.items():
+        eps = [x["episodes_per_s"] for x in xs]
+        print(f"{names[m]:14s} {statistics.median(eps):11.1f} {f'({min(eps):.1f}-{max(eps):.1f})':>15s} "
+              f"{statistics.median(x['steps_per_s'] for x in xs):8.2f} "
+              f"{statistics.median(x['trainer_busy'] for x in xs):13.2f} {max(x['age_max'] for x in xs):8d}")
+    ratio = statistics.median(ratios)
+    print(f"agent / in-process episodes/s: {ratio:.3f}x (median of {args.rounds} rounds, "
+          f"per round {min(ratios):.3f}-{max(ratios):.3f})")
+    return {"backend": "agent", "steps": args.steps, "rounds": args.rounds, "staleness": S,
+            "overrides": list(args.overrides), "agent_over_env": ratio, "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            **{f"{m}_{k}": statistics.median(x[k] for x in xs) for m, xs in res.items()
+               for k in ("episodes_per_s", "steps_per_s", "trainer_busy")}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
@@ -138,7 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--staleness", type=int, default=2)
     ap.add_argument("--latency", type=float, default=0.05, help="sim rollout latency (s)")
     ap.add_argument("--step-time", type=float, default=0.05, help="sim trainer step time (s)")
-    ap.add_argument("--backend", choices=["sim", "torch", "multiturn"], default="sim")
+    ap.add_argument("--backend", choices=["sim", "torch", "multiturn", "agent"], default="sim")
     ap.add_argument("--tool-latency", type=float, default=0.05, help="multiturn: mean tool latency (s)")
     ap.add_argument("--tool-sigma", type=float, default=1.0, help="multiturn: lognormal sigma of it")
     ap.add_argument("--sigma", default=None, help="sim: lognormal rollout latency sigma; a comma "
@@ -147,6 +193,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, metavar="OUT", help="write every table's medians to OUT")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
     args = ap.parse_args(argv)
+    if args.backend == "agent":
+        table = agent_block(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps([table], indent=1))
+        return 0
     tables = [block(args, sigma) for sigma in ([float(x) for x in args.sigma.split(",")] if args.sigma
                                                 else [None])]
     if args.json:
