@@ -173,22 +173,12 @@ class EpisodeRunner:
         g.task = asyncio.run_coroutine_threadsafe(self._group(g), self.loop)
 
     def requests(self) -> list[TurnRequest]:
-        out = []
-        while True:
-            try:
-                out.append(self._requests.get_nowait())
-            except queue.Empty:
-                return out
+        return _drain(self._requests)
 
     def aborts(self) -> list[int]:
         """Keys of turns whose episodes stopped waiting for them (to abort in the backend); drained
         after `requests()`, so that a turn is added before its abort."""
-        out = []
-        while True:
-            try:
-                out.append(self._aborts.get_nowait())
-            except queue.Empty:
-                return out
+        return _drain(self._aborts)
 
     def turn_done(self, key: int, seqs: Sequences) -> None:
         p = int(seqs.prompt_lens[0])
@@ -470,6 +460,15 @@ class EpisodeRunner:
 
 class EnvError(Exception):
     """An environment call raised or returned something unusable (one line, names env and row)."""
+
+
+def _drain(q: "queue.SimpleQueue") -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def _resolve(fut: asyncio.Future, value) -> None:

@@ -114,3 +114,23 @@ def run_embedded(run_dir, config=None, timeout=900, overrides=()):
     step_lines = [r for r in recs if r["kind"] == "step"]
     assert [r["step"] for r in step_lines] == list(range(1, cfg["run"]["total_steps"] + 1))
     return cfg, recs, step_lines
+
+
+def soak(tmp_path, *args, timeout=400, config="configs/sim.yaml"):
+    """scripts/kill_resume.py on a run in `tmp_path/run`: (the process, its JSON verdict)."""
+    out = subprocess.run([sys.executable, "scripts/kill_resume.py", "--config", config,
+                          "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs"),
+                          *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out, json.loads(out.stdout)
+
+
+def assert_episodes_redone(out, result, run_dir):
+    """A multi-turn soak kept every promise, and episodes in flight at a kill were redone."""
+    assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
+    assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
+    assert result["prompts_exactly_once"] and result["bound_kept_on_resume"]
+    assert result["shm_leftovers"] == []
+    resumes = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl")))
+               if r["kind"] == "event" and r["event"] == "resume"]
+    assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone

@@ -2,13 +2,9 @@
 worker's endpoint) are in flight, then resume (scripts/kill_resume.py): in steady state, at
 checkpoints and during recovery; every step exactly once, every prompt trained exactly once, the
 bound kept on resume, nothing left in /dev/shm, and episodes in flight at a kill redone whole."""
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.integration.lifecycle import ROOT
+from tests.integration.lifecycle import assert_episodes_redone, soak
 
 pytest.importorskip("torch")
 pytest.importorskip("openai")
@@ -34,14 +30,6 @@ def run(row, base_url, api_key):
 '''
 
 
-def soak(tmp_path, *args, timeout=600, config="configs/multiturn.yaml"):
-    out = subprocess.run([sys.executable, "scripts/kill_resume.py", "--config", config,
-                          "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs"),
-                          *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out, json.loads(out.stdout)
-
-
 @pytest.mark.slow            # a soak
 def test_kill_resume_agent_episodes_exactly_once(tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
@@ -50,11 +38,5 @@ def test_kill_resume_agent_episodes_exactly_once(tmp_path):
                        "run.total_steps=24", "run.checkpoint_every=4", "eval.every_steps=0",
                        "rollout.group_size=4", "rollout.max_concurrent_rollouts=8",
                        "rollout.consumer_batch_size=4", f"task.agent={tmp_path / 'agent.py'}:run",
-                       config="configs/multiturn.yaml")
-    assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
-    assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
-    assert result["prompts_exactly_once"] and result["bound_kept_on_resume"]
-    assert result["shm_leftovers"] == []
-    resumes = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl"))
-               if r["kind"] == "event" and r["event"] == "resume"]
-    assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone
+                       config="configs/multiturn.yaml", timeout=600)
+    assert_episodes_redone(out, result, tmp_path / "run")

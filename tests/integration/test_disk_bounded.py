@@ -9,7 +9,7 @@ import os
 from orchestrator.run.audit import audit
 from orchestrator.run.durable import read_record
 from tests.integration.lifecycle import run, steps
-from tests.integration.test_kill_resume import soak
+from tests.integration.lifecycle import soak
 
 COMMON = ["run.checkpoint_every=5", "rollout.filter_zero_std=false", "run.keep_checkpoints=2",
           "run.keep_checkpoint_every=10"]

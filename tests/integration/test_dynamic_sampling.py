@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.run.audit import audit
 from tests.integration.lifecycle import run, steps
-from tests.integration.test_kill_resume import soak
+from tests.integration.lifecycle import soak
 
 B, G = 8, 4
 MOSTLY_EQUAL = ["rollout.dynamic_sampling=true", "inference.sim.reward_p=0.05",   # 0.95^4: ~81% all 0

@@ -2,14 +2,14 @@
 state, checkpoints, drain), resume, and check recovery; and its checker catches a broken run dir."""
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.lifecycle import ROOT, assert_episodes_redone, soak
+
 PHASES = {"startup", "recovery", "steady", "checkpoint", "drain"}
 
 
@@ -19,14 +19,6 @@ def load():
     sys.modules[spec.name] = mod            # its dataclasses look their module up by name
     spec.loader.exec_module(mod)
     return mod
-
-
-def soak(tmp_path, *args, timeout=400, config="configs/sim.yaml"):
-    out = subprocess.run([sys.executable, "scripts/kill_resume.py", "--config", config,
-                          "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs"),
-                          *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out, json.loads(out.stdout)
 
 
 def assert_recovered(out, result):
@@ -80,13 +72,7 @@ def test_kill_resume_multiturn_redoes_episodes_in_flight(tmp_path):
                        "run.total_steps=24", "run.checkpoint_every=4", "eval.every_steps=0",
                        "task.env_args={latency_s: 0.1, latency_sigma: 1.0}",   # episodes outlast a step
                        config="configs/multiturn.yaml")
-    assert out.returncode == 0 and result["ok"], json.dumps(result["failures"], indent=1)
-    assert result["resumes"] >= 1 and result["final_step_is_target"] and result["steps_contiguous"]
-    assert result["prompts_exactly_once"] and result["bound_kept_on_resume"]
-    assert result["shm_leftovers"] == []
-    resumes = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl"))
-               if r["kind"] == "event" and r["event"] == "resume"]
-    assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone
+    assert_episodes_redone(out, result, tmp_path / "run")
 
 
 @pytest.mark.slow            # a soak (60 s); test_rank_failures resumes a 2-rank run in the default suite

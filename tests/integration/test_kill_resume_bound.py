@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.lifecycle import steps
 from tests.integration.test_age_bound import head_ages
-from tests.integration.test_kill_resume import soak
+from tests.integration.lifecycle import soak
 
 M = 3
 

@@ -134,13 +134,11 @@ def test_built_in_rows_read_as_the_same_dataset_would():
 
 
 def test_a_built_in_task_loads_without_importing_datasets():
-    import subprocess
-    import sys
+    from tests.fresh import fresh_python
     code = ("import sys; from tests.workload import workload_config, prompts_and_reward; "
             "p, r = prompts_and_reward(workload_config(name='copy2')); "
             "assert p.num_train > 0 and r(p.train_prompt(0)[2], [1]) == 0.0; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('datasets', 'pandas', 'pyarrow')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=__file__.rsplit("/tests/", 1)[0])
+    out = fresh_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -192,14 +192,12 @@ def test_the_torch_free_size_of_the_built_in_model_is_its_flat_layout(shape):
 
 
 def test_sizing_the_built_in_model_for_a_run_imports_no_torch():
-    import subprocess
-    import sys
+    from tests.fresh import fresh_python
     code = ("import sys; from orchestrator.config import load_config; "
             "from orchestrator.runtime.resources import weight_nbytes; "
             "n = weight_nbytes(load_config(None, [])); "
             "print(n, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    out = fresh_python(code)
     n, torch_imported = out.stdout.split()
     cfg = ModelConfig()
     with torch.device("meta"):
