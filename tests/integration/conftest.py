@@ -3,29 +3,9 @@ per session and must not be modified by a test (copy it first). `launch_main`: t
 refusals checked in this process."""
 from __future__ import annotations
 
-import contextlib
-import io
-import subprocess
-
 import pytest
 
 from tests.integration.lifecycle import ROOT, run
-
-
-def call_main(main, *args) -> subprocess.CompletedProcess:
-    """A tool's `main(argv)` (report, inspect, audit, export) called in this process, its output
-    captured: what `python -m orchestrator.<tool> ARGS` returns, without paying the interpreter's and
-    torch's imports once per call. Each tool keeps one test through a real process (exit status and
-    streams of the process itself)."""
-    out, err = io.StringIO(), io.StringIO()
-    argv = [str(a) for a in args]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:                   # argparse's refusals
-            code = exc.code if isinstance(exc.code, int) else 2
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
-
 
 SHARED_RUNS = ("sim_run_dir", "torch_run_dir")
 

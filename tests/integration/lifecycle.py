@@ -1,4 +1,6 @@
 """Helpers for the lifecycle-failure tests: start a sim run, wait for progress, find workers."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -134,3 +136,18 @@ def assert_episodes_redone(out, result, run_dir):
     resumes = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl")))
                if r["kind"] == "event" and r["event"] == "resume"]
     assert sum(r["redo"] for r in resumes) > 0         # episodes in flight at a kill were redone
+
+
+def call_main(main, *args) -> subprocess.CompletedProcess:
+    """A tool's `main(argv)` (report, inspect, audit, export) called in this process, its output
+    captured: what `python -m orchestrator.<tool> ARGS` returns, without paying the interpreter's and
+    torch's imports once per call. Each tool keeps one test through a real process (exit status and
+    streams of the process itself)."""
+    out, err = io.StringIO(), io.StringIO()
+    argv = [str(a) for a in args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:                   # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.run.durable import read_record, write_record
 from shm.codec import Sequences, decode, encode
-from tests.integration.conftest import call_main
+from tests.integration.lifecycle import call_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

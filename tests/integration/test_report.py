@@ -12,8 +12,7 @@ import sys
 import pytest
 import yaml
 
-from tests.integration.conftest import call_main
-from tests.integration.lifecycle import ROOT, run
+from tests.integration.lifecycle import ROOT, call_main, run
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
