@@ -27,7 +27,11 @@ def steps_of(recs):
 
 @pytest.mark.parametrize("S", [0, 2])
 def test_fixed_latency_age_max_equals_S_once_warm(tmp_path, S):
-    out = launch(f"run.dir={tmp_path}", "run.total_steps=30", f"rollout.max_head_offpolicyness={S}")
+    # a trainer step 10x the rollout latency: the rollouts of the next steps are ready, and parked
+    # at the gate, long before the trainer asks, even on 2 cores shared with a parallel test
+    # worker (at the config's 0.05 s step, CI once saw a warm step at age 1 under load)
+    out = launch(f"run.dir={tmp_path}", "run.total_steps=30", f"rollout.max_head_offpolicyness={S}",
+                 "actor.sim.step_time_s=0.2")
     assert out.returncode == 0, out.stderr
     recs = read_metrics(tmp_path)
     steps = steps_of(recs)
