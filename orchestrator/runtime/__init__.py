@@ -3,6 +3,8 @@
 - `supervisor`: owns every process, shm segment and semaphore of a run; spawns, watches, restarts, frees.
 - `resources`: the names and sizes of every shared-memory object of a run (rings, weights, words).
 - `worker_base`, `inference_worker`, `trainer_worker`: the worker processes around their main loops.
+- `forkserver`, `fork_server_init`: the run's fork server, which imports the workers' modules once and
+  forks every worker.
 - `rank_failures`: trainer ranks fail together; the supervisor names the cause.
 - `liveness`: a stamp thread per worker, so a worker that stops answering is noticed in seconds.
 - `background_save`: checkpoints off the trainer's critical path.

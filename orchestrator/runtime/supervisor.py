@@ -3,7 +3,8 @@
 `Supervisor(cfg, run_dir).run()` sweeps segments of dead runs, creates every shm object (named
 `arl_<run_id>_*`, `orchestrator.runtime.resources`), spawns the trainer ranks (`actor.devices` /
 `actor.num_ranks`; a free rendezvous port and the torch.distributed environment, no torchrun) and
-the inference workers (spawn start method, disjoint devices), waits for them to report ready,
+the inference workers (disjoint devices; every worker is forked by the run's fork server,
+`orchestrator.runtime.forkserver`, which imported their modules once), waits for them to report ready,
 recovers from a checkpoint if resuming (`orchestrator.runtime.resume`), runs the event thread and
 the metrics thread (every metrics line also goes to the configured sinks,
 `orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join ->
@@ -15,8 +16,9 @@ on fresh rings (its prompts re-dispatched by the event loop) or fails the run, p
 drain window (half of `run.shutdown_timeout_s`: in-flight work finishes, complete batches train, a
 checkpoint is taken); then workers are told to shut down and killed, all within
 `run.shutdown_timeout_s` plus a small constant.
-Processes are only ever spawned from the main thread (PR_SET_PDEATHSIG is tied to the spawning
-thread). Every wait has a timeout.
+Processes are only ever started from the main thread; workers die with the fork server (PR_SET_PDEATHSIG),
+which dies with the supervisor. Every wait has a timeout (the first worker's start waits for the
+fork server's imports, which end).
 
 Liveness (`orchestrator.runtime.liveness`): every worker stamps its progress word (monotonic ms) on each
 main-loop turn and its liveness word from a thread of its own; a ready worker whose progress is
@@ -33,6 +35,7 @@ SIGTERM, so one sent to the whole process group drains like one sent to the supe
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -46,6 +49,7 @@ from typing import Optional
 
 from orchestrator import messages
 from orchestrator.runtime import liveness, rank_failures, resume, scratch, shutdown
+from orchestrator.runtime.forkserver import Spawner
 from orchestrator.wire import recv
 from orchestrator.runtime.resources import (Resources, RunNames, create_resources, free_resources, ring_sizes,
                                             weight_nbytes)
@@ -57,7 +61,6 @@ from orchestrator.observe.metrics import MetricsLog, MetricsThread
 from orchestrator.data.workload import build_task
 from orchestrator.loop.prompts import PromptCursor
 from orchestrator.observe.sinks import MetricSinks
-from orchestrator.runtime.signals import SIGNALS
 from orchestrator.runtime.worker_base import WorkerSpec
 
 log = logging.getLogger("orchestrator.runtime.supervisor")
@@ -89,6 +92,7 @@ class Supervisor:
         self.scratch = ""             # per-run temporary directory (orchestrator.runtime.scratch)
         self.prompt_tokens = 0        # longest prompt of the task (workers size contexts by it)
         self.rendezvous_port = 0      # trainer ranks' process group (free_port, once per launch)
+        self.spawner = Spawner(cfg)   # the run's fork server: every worker is forked by it
 
     # ------------------------------------------------------------------ processes
     def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
@@ -116,15 +120,12 @@ class Supervisor:
         from orchestrator.runtime import inference_worker, trainer_worker
         assert threading.current_thread() is threading.main_thread()
         target = trainer_worker.main if spec.role == "trainer" else inference_worker.main
-        p = mp.get_context("spawn").Process(target=target, args=(spec,), daemon=False,
-                                            name=f"arl-{spec.role}{spec.index}g{spec.gen}")
-        # the child inherits this mask: SIGINT/SIGTERM stay pending until it ignores them, so a
-        # signal to the process group in its first instants cannot kill it (or print a traceback)
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-        try:
-            p.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        # forked by the run's fork server (its parent, which it dies with), with the server's
+        # signal mask: SIGINT/SIGTERM stay pending until it ignores them, so a signal to the
+        # process group in its first instants cannot kill it (or print a traceback)
+        spec = dataclasses.replace(spec, parent_pid=self.spawner.start_server(self.scratch))
+        p = self.spawner.process(target, (spec,), f"arl-{spec.role}{spec.index}g{spec.gen}")
+        p.start()
         self.procs[(spec.role, spec.index)] = p
         pids = {f"{r}{i}": q.pid for (r, i), q in self.procs.items()}
         atomic_write(os.path.join(self.run_dir, "logs", "pids.json"), json.dumps(pids).encode(),
@@ -310,6 +311,7 @@ class Supervisor:
                 raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
                                 f"{cfg.model.path!r}: {why}", 2) from None
             self._check_stop("startup")
+            self.spawner.start_server(self.scratch)    # imports the workers' modules meanwhile
             self.prompt_tokens = int(task.max_prompt_tokens)
             res = create_resources(names, nbytes, ring_sizes(cfg, task.max_prompt_tokens),
                                    cfg.actor.world_size)
@@ -319,6 +321,13 @@ class Supervisor:
                 res.fresh_words("inference", i)
             self._check_stop("startup")
             self.rendezvous_port = rank_failures.free_port()
+            try:
+                waited = self.spawner.wait_ready(cfg.run.startup_timeout_s,
+                                                 lambda: self._check_stop("startup"))
+            except TimeoutError as exc:
+                raise RunFailed(f"workers not ready within run.startup_timeout_s="
+                                f"{cfg.run.startup_timeout_s}: {exc}") from None
+            log.info("fork server ready (%.1f s after the resources)", waited)
             for r in range(cfg.actor.world_size):
                 self._start(self._spec(res, "trainer", r))
             for i in range(cfg.inference.num_workers):
@@ -346,6 +355,7 @@ class Supervisor:
             deadline = shutdown.deadline(self._signal_at, cfg.run.shutdown_timeout_s)
             shutdown.stop_processes(list(self.procs.values()), res.inference_req + [res.trainer_req],
                                     deadline)
+            self.spawner.close()
             free_resources(res)
             if self.scratch:
                 scratch.remove(self.scratch)

@@ -1,7 +1,9 @@
 """What every worker process does around its main loop.
 
-`worker_entry(spec, main)` is the spawn target: it dies with the supervisor (PR_SET_PDEATHSIG plus a
-parent-pid watch), pins its devices (CUDA_VISIBLE_DEVICES before any torch import) or CPU threads,
+`worker_entry(spec, main)` is the process target: it dies with its parent, the run's fork server, which
+dies with the supervisor (PR_SET_PDEATHSIG plus a parent-pid watch; `orchestrator.runtime.forkserver`),
+pins its devices (CUDA_VISIBLE_DEVICES before any torch import: the server preloads torch only for
+CPU-only runs) or CPU threads,
 logs to `run.dir/logs/<role><index>.log`, attaches its control ring and heartbeat word, starts its
 liveness thread (`orchestrator.runtime.liveness.Stamper`: a word stamped whatever the main loop does, so a
 stopped process is told from a slow step), runs `main(spec, ctx)`, and on any exception sends a `Fatal` message with the traceback before exiting 1.
@@ -75,8 +77,8 @@ class WorkerContext:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL when the parent (the thread that spawned this process) exits; exit 3 at once if it
-    already has."""
+    """SIGKILL when the parent (the fork server's thread that forked this process) exits; exit 3 at
+    once if it already has."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -87,9 +89,11 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _setup_process(spec: WorkerSpec) -> None:
+    from orchestrator.runtime.forkserver import detach_from_server
     die_with_parent(spec.parent_pid)
+    detach_from_server()
     ignore_in_worker()                             # the supervisor decides when we stop
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)   # blocked by the supervisor around spawn
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)   # blocked in the fork server, inherited
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(spec.threads)
@@ -122,6 +126,8 @@ def worker_entry(spec: WorkerSpec, main: Callable[[WorkerSpec, WorkerContext], N
     alive = SharedCounter.attach(spec.names.liveness(spec.role, spec.index, spec.gen))
     stamper = Stamper(alive).start()
     ctx = WorkerContext(spec, ctl, bell, heartbeat)
+    ctx.log.info("forked by the fork server %d (%s)", os.getppid(),
+                 "torch preloaded" if "torch" in sys.modules else "no torch preloaded")
     code = 0
     try:
         main(spec, ctx)
