@@ -151,3 +151,18 @@ def call_main(main, *args) -> subprocess.CompletedProcess:
         except SystemExit as exc:                   # argparse's refusals
             code = exc.code if isinstance(exc.code, int) else 2
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+RANK_PRELOAD = ["torch", "transformers.models.llama.modeling_llama", "orchestrator.backends.torch_trainer",
+                "tests.integration.test_trainer_ranks"]
+
+
+def start_ranks(fn, args, nprocs):
+    """torch.multiprocessing.start_processes for the tests' own rank groups, forked by a fork server
+    that imported torch, transformers' modeling code and the trainer once for this test process (as
+    a run's fork server does for its ranks, orchestrator.runtime.forkserver): a rank group costs a
+    fork per rank, not two imports of torch. Joins; a rank's failure raises."""
+    import multiprocessing
+    import torch.multiprocessing as tmp
+    multiprocessing.set_forkserver_preload(RANK_PRELOAD)
+    tmp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver", join=True)

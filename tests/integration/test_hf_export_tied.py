@@ -7,12 +7,12 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
 from orchestrator.runtime.rank_failures import free_port, rendezvous_env
 from tests.hf_model import build_hf_model_dir
+from tests.integration.lifecycle import start_ranks
 
 
 def _trainer(model_dir, actor=None, group=None) -> TorchTrainer:
@@ -81,8 +81,7 @@ def _rank_save(rank, world, port, model_dir, ckpt, embed_path):
 def test_fsdp_ranks_store_a_tied_embedding_once(tmp_path):
     source = build_hf_model_dir(tmp_path / "model")
     ckpt, embed = str(tmp_path / "ckpt"), str(tmp_path / "embed.pt")
-    mp.start_processes(_rank_save, args=(2, free_port(), str(source), ckpt, embed), nprocs=2,
-                       start_method="spawn", join=True)
+    start_ranks(_rank_save, (2, free_port(), str(source), ckpt, embed), 2)
     _check_tied_export(ckpt, torch.load(embed))
 
 

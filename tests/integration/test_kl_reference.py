@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from orchestrator.backends.torch_trainer import TorchTrainer, read_weights, weights_hash
 from orchestrator.config import ActorConfig, AlgoConfig, ModelConfig, TaskConfig
 from orchestrator.runtime.rank_failures import free_port, rendezvous_env
+from tests.integration.lifecycle import start_ranks
 from tests.integration.test_trainer_ranks import MODEL, make_batch
 
 ACTOR = dict(backend="torch", lr=1e-2, ppo_epochs=2, entropy_coef=0.0, kl_ctl=0.1)
@@ -52,8 +52,7 @@ def _rank(rank, world, port, out):
 def test_kl_ref_mean_is_zero_at_step_one_and_grows_on_two_ranks(tmp_path):
     one = [s["kl_ref_mean"] for s in _steps(_trainer())]
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="spawn",
-                       join=True)
+    start_ranks(_rank, (2, free_port(), str(out)), 2)
     two = [s["kl_ref_mean"] for s in torch.load(out, weights_only=False)]
     for kl in (one, two):
         assert kl[0] == 0.0

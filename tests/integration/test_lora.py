@@ -13,12 +13,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from orchestrator.backends.model import build_model, load_flat
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, AlgoConfig, ModelConfig, TaskConfig
 from orchestrator.runtime.rank_failures import free_port, rendezvous_env
+from tests.integration.lifecycle import start_ranks
 from tests.integration.test_trainer_ranks import BASE, MODEL, make_batch
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}
@@ -174,8 +174,7 @@ def test_two_fsdp_ranks_same_lora_loss_gradients_weights_and_resume(tmp_path):
     for phase in ("run", "load"):
         path = tmp_path / f"w-{phase}"
         path.write_bytes(b"\xff" * one.weight_nbytes())        # bytes no rank wrote stay 0xff
-        mp.start_processes(_rank, args=(2, free_port(), actor, ckpt, str(path), str(out), phase),
-                           nprocs=2, start_method="spawn", join=True)
+        start_ranks(_rank, (2, free_port(), actor, ckpt, str(path), str(out), phase), 2)
         got[phase] = torch.load(out, weights_only=False), path.read_bytes()
     (run, run_weights), (resumed, resumed_weights) = got["run"], got["load"]
     for s0, s1 in zip(want, run["stats"]):

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from orchestrator.backends.torch_trainer import TorchTrainer
 from orchestrator.config import ActorConfig, AlgoConfig, ModelConfig, TaskConfig
 from orchestrator.backends.model import load_flat
 from orchestrator.runtime.rank_failures import free_port, rendezvous_env
+from tests.integration.lifecycle import start_ranks
 from shm.codec import Sequences
 
 MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, max_seq_len=64)
@@ -86,8 +86,7 @@ def run_ranks_cases(out_dir, world, cases, device="cpu"):
     for i in range(len(cases)):
         with open(os.path.join(out_dir, f"{i}.w"), "wb") as f:
             f.write(b"\xff" * n)                             # bytes no rank wrote stay 0xff
-    mp.start_processes(_rank, args=(world, free_port(), cases, str(out_dir), device),
-                       nprocs=world, start_method="spawn", join=True)
+    start_ranks(_rank, (world, free_port(), cases, str(out_dir), device), world)
     out = []
     for i in range(len(cases)):
         got = torch.load(os.path.join(out_dir, f"{i}.pt"), weights_only=False)
@@ -258,8 +257,7 @@ def resumed(tmp_path_factory):
     for name in ("save", "background"):
         (tmp / f"w-{name}-at-save").write_bytes(b"\xff" * n)
     for phases in (["save", "background"], ["load-save", "load-background"]):
-        mp.start_processes(_rank_resume, args=(2, free_port(), str(tmp), phases), nprocs=2,
-                           start_method="spawn", join=True)
+        start_ranks(_rank_resume, (2, free_port(), str(tmp), phases), 2)
     return tmp
 
 
