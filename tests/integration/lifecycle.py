@@ -166,3 +166,30 @@ def start_ranks(fn, args, nprocs):
     import torch.multiprocessing as tmp
     multiprocessing.set_forkserver_preload(RANK_PRELOAD)
     tmp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver", join=True)
+
+
+def signal_and_check(proc, sig, bound, to_group=False, settle=0.0):
+    """Send `sig` to a launch (started with start_new_session, so `to_group` reaches its process
+    group) after `settle` s; the launch must exit 128+sig within `bound` + 2 s (its
+    run.shutdown_timeout_s is `bound`) with no traceback, every process it had gone and none of its
+    segments left. Returns its stderr."""
+    import signal
+    time.sleep(settle)
+    children = descendants(proc.pid)
+    t0 = time.monotonic()
+    if to_group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=bound + 20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert elapsed <= bound + 2, elapsed
+    assert all_gone(children, timeout=1.0) == []
+    assert run_segments(proc) == []
+    return err

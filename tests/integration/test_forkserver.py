@@ -16,7 +16,7 @@ import psutil
 from orchestrator.config import load_config
 from orchestrator.runtime import forkserver, scratch
 from orchestrator.runtime.forkserver import TORCH, WORKERS, preload_for
-from tests.integration.lifecycle import (ROOT, all_gone, descendants, run_segments, start,
+from tests.integration.lifecycle import (ROOT, all_gone, descendants, signal_and_check, start,
                                          wait_for_step, worker_pids)
 
 BOUND = 3        # run.shutdown_timeout_s of the signal test; the exit is due within BOUND + 2 s
@@ -77,18 +77,5 @@ def test_group_sigterm_while_the_server_imports_torch_stops_the_run_in_bound(tmp
         time.sleep(0.005)          # its first import: from here a group signal is the supervisor's
     ready = glob.glob(f"{tempfile.gettempdir()}/{scratch.PREFIX}{proc.pid}-*/{forkserver.READY}")
     assert ready == []             # still importing (torch and transformers: seconds)
-    everyone = descendants(proc.pid)
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=BOUND + 30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    elapsed = time.monotonic() - t0
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "Traceback" not in err, err
-    assert elapsed <= BOUND + 2, elapsed
-    assert all_gone(everyone, timeout=1.0) == []
-    assert run_segments(proc) == []
+    signal_and_check(proc, signal.SIGTERM, BOUND, to_group=True)
     assert not (tmp_path / "logs" / "pids.json").exists()       # no worker was started

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from tests.integration.lifecycle import (ROOT, all_gone, descendants, run, run_segments, steps,
-                                         wait_for_step)
+from tests.integration.lifecycle import ROOT, run, signal_and_check, steps, wait_for_step
 
 BOUND = 3
 
@@ -25,25 +24,7 @@ def _start(run_dir, *overrides):
 
 
 def _signal_and_check(proc, sig, to_group=False, settle=0.0):
-    time.sleep(settle)
-    children = descendants(proc.pid)
-    t0 = time.monotonic()
-    if to_group:
-        os.killpg(proc.pid, sig)
-    else:
-        proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=BOUND + 20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    elapsed = time.monotonic() - t0
-    assert proc.returncode == 128 + sig, err
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert elapsed <= BOUND + 2, elapsed
-    assert all_gone(children, timeout=1.0) == []
-    assert run_segments(proc) == []
-    return err
+    return signal_and_check(proc, sig, BOUND, to_group, settle)
 
 
 def _wait_for_handlers(proc, timeout=30.0):
