@@ -5,6 +5,7 @@
 - `worker_base`, `inference_worker`, `trainer_worker`: the worker processes around their main loops.
 - `forkserver`, `fork_server_init`: the run's fork server, which imports the workers' modules once and
   forks every worker.
+- `placement`: each worker's devices, threads and environment (its `WorkerSpec`).
 - `rank_failures`: trainer ranks fail together; the supervisor names the cause.
 - `liveness`: a stamp thread per worker, so a worker that stops answering is noticed in seconds.
 - `background_save`: checkpoints off the trainer's critical path.

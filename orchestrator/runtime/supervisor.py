@@ -50,6 +50,7 @@ from typing import Optional
 from orchestrator import messages
 from orchestrator.runtime import liveness, rank_failures, resume, scratch, shutdown
 from orchestrator.runtime.forkserver import Spawner
+from orchestrator.runtime.placement import worker_spec
 from orchestrator.wire import recv
 from orchestrator.runtime.resources import (Resources, RunNames, create_resources, free_resources, ring_sizes,
                                             weight_nbytes)
@@ -96,33 +97,15 @@ class Supervisor:
 
     # ------------------------------------------------------------------ processes
     def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
-        cfg = self.cfg
-        data = cfg.model_dump(mode="json")
-        if role == "trainer":
-            ranks, env = cfg.actor.rank_devices, {scratch.ENV: self.scratch}
-            if cfg.actor.strategy != "none":      # torch.distributed reads these (no torchrun)
-                env.update(rank_failures.rendezvous_env(i, cfg.actor.world_size, self.rendezvous_port))
-            return WorkerSpec("trainer", i, res.names, data, os.getpid(), self.run_dir,
-                              devices=(ranks[i],) if ranks else (), threads=cfg.actor.threads,
-                              env=env)
-        devs = cfg.inference.devices
-        per = max(1, len(devs) // cfg.inference.num_workers) if devs else 0
-        own = tuple(devs[i * per:(i + 1) * per])
-        trainer_gpu = cfg.actor.rank_devices[0] if cfg.gpu_weights else None
-        if trainer_gpu is not None and trainer_gpu not in own:   # CUDA IPC needs trainer rank 0's
-            own += (trainer_gpu,)       # GPU visible, as the last ordinal (colocated: it is own's)
-        return WorkerSpec("inference", i, res.names, data, os.getpid(), self.run_dir, gen=gen,
-                          start_step=self.start_step, prompt_tokens=self.prompt_tokens,
-                          devices=own, threads=cfg.inference.threads_per_worker,
-                          env={scratch.ENV: self.scratch})
+        return worker_spec(self.cfg, res.names, role, i, self.run_dir, self.scratch,
+                           self.rendezvous_port, gen, self.start_step, self.prompt_tokens)
 
     def _start(self, spec: WorkerSpec) -> None:
         from orchestrator.runtime import inference_worker, trainer_worker
         assert threading.current_thread() is threading.main_thread()
         target = trainer_worker.main if spec.role == "trainer" else inference_worker.main
-        # forked by the run's fork server (its parent, which it dies with), with the server's
-        # signal mask: SIGINT/SIGTERM stay pending until it ignores them, so a signal to the
-        # process group in its first instants cannot kill it (or print a traceback)
+        # forked by the run's fork server (its parent, which it dies with), ignoring SIGINT and
+        # SIGTERM from its first instant: a signal to the process group is the supervisor's
         spec = dataclasses.replace(spec, parent_pid=self.spawner.start_server(self.scratch))
         p = self.spawner.process(target, (spec,), f"arl-{spec.role}{spec.index}g{spec.gen}")
         p.start()
