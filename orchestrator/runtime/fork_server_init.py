@@ -47,8 +47,11 @@ def _serve() -> None:
         except Exception:          # the worker imports it again and reports it
             pass
     if plan.get("ready"):
-        with open(plan["ready"], "w") as f:
-            f.write(str(os.getpid()))
+        try:
+            with open(plan["ready"], "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:            # its run is gone (a supervisor killed meanwhile, its scratch
+            pass                   # swept by the next launch): the server ends at its pipe's EOF
 
 
 if in_fork_server():
