@@ -10,6 +10,8 @@ persisted under `batches/` before it ships (zstd at `run.batch_compression`); a 
 `run.total_steps`; N consecutive batches with nothing trainable stop the run. Disk stays bounded:
 after each checkpoint commit, checkpoints past `run.keep_checkpoints` (`checkpoint.prune`) and, with
 `run.keep_batches`, batch files older than that many steps before the committed one are deleted.
+Step lines are written in step order by `loop.step_lines.StepLines`, once a step's StepDone has
+arrived and every inference worker has loaded its weights.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Optional
 from orchestrator import messages
 from orchestrator.run import checkpoint
 from orchestrator.loop.checkpoints import CheckpointBook, reusable
-from orchestrator.loop.step_lines import check_mismatch, check_resume_bound, step_fields
+from orchestrator.loop.step_lines import StepLines
 from orchestrator.loop.age_bound import AgeBound, enforce
 from orchestrator.wire import recv, send
 from orchestrator.data.budgets import episode_tokens
@@ -75,22 +77,17 @@ class EventLoop:
         self.trained = start_step        # last StepDone
         self.outstanding: Optional[int] = None
         self.parked: deque[Parked] = deque()
-        self.step_info: dict[int, tuple[BatchInfo, messages.StepDone, float]] = {}
         self.next_request = 1
         self.request_index: dict[int, int] = {}   # train request id -> prompt stream index
-        self.admitted_since_step = 0
         self.admitted_total = 0
-        self.filtered_since_step = 0              # groups dynamic sampling kept out since the last line
         self.empty_run = 0
         self.ckpts = CheckpointBook(run_dir, cfg.run, metrics, res.trainer_req, start_step)
-        self.lines_written = start_step           # last step whose step line is written
+        self.steps = StepLines(cfg, metrics, start_step, resumed)   # the step lines, in order
         self.redispatched: set[int] = set()       # request ids put back after a worker died
         m = r.max_observed_offpolicyness          # the hard age bound (None: the gate alone)
         self.bound = AgeBound(m, len(res.inference_req), start_step) if m is not None else None
         self.abort = False
         self.reused = 0
-        self.last_ages: dict = {}
-        self.last_parked_s: Optional[float] = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -109,8 +106,8 @@ class EventLoop:
                 "admitted_total": self.admitted_total, "capacity": self.gate.capacity(),
                 "dispatch_paused": self.dispatcher.paused,
                 **{f"gate_{k}": v for k, v in self.gate.stats().items()},
-                "last_sync_s": self.watcher.last_sync_s, "last_parked_s": self.last_parked_s,
-                **{f"last_{k}": v for k, v in self.last_ages.items()}}
+                "last_sync_s": self.watcher.last_sync_s, "last_parked_s": self.steps.last_parked_s,
+                **{f"last_{k}": v for k, v in self.steps.last_ages.items()}}
 
     # ------------------------------------------------------------------ inputs
     def _on_control(self, msg) -> None:
@@ -127,7 +124,7 @@ class EventLoop:
         elif isinstance(msg, messages.StepDone):
             self._on_step_done(msg)
         elif isinstance(msg, messages.CheckpointSaved):
-            self.ckpts.saved(msg.step, self.lines_written)
+            self.ckpts.saved(msg.step, self.steps.written)
         elif isinstance(msg, messages.Ready) and msg.role == "inference":
             self._revive(msg.index)
 
@@ -215,7 +212,7 @@ class EventLoop:
                     self.redispatched.discard(m.request_id)
                 else:
                     n += 1
-        self.admitted_since_step += n
+        self.steps.admitted += n
         self.admitted_total += n
         return n
 
@@ -276,7 +273,7 @@ class EventLoop:
     def _to_sink(self, group) -> None:
         if not self.sink.add(group):         # dynamic sampling: its slot goes to a new prompt
             self.gate.on_dropped()
-            self.filtered_since_step += 1
+            self.steps.filtered += 1
 
     def _readmit(self, request_id: int) -> None:
         self.redispatched.discard(request_id)
@@ -298,7 +295,7 @@ class EventLoop:
             return False
         self.parked.popleft()
         self.outstanding = p.step
-        self.step_info[p.step] = (p.info, None, time.monotonic() - p.since)
+        self.steps.shipped(p.step, p.info, time.monotonic() - p.since)
         return True
 
     # ------------------------------------------------------------------ trainer / watcher
@@ -307,8 +304,7 @@ class EventLoop:
             raise RunFailed(f"trainer reported step {msg.step}, expected {self.outstanding}")
         self.outstanding = None
         self.trained = msg.step
-        info, _, parked = self.step_info[msg.step]
-        self.step_info[msg.step] = (info, msg, parked)
+        info = self.steps.done(msg)
         for g in info.parts + info.filtered:       # consumed: no resume redoes them
             self.request_index.pop(g.ident, None)
         self.watcher.note_publish_time(msg.publish_time)
@@ -339,36 +335,14 @@ class EventLoop:
                 self.dispatcher.enqueue(m)
 
     def _flush_steps(self) -> None:
-        """Write the step line of every step whose StepDone has arrived and whose weights every
-        inference worker has loaded (they can come in either order)."""
-        while self.step_info:
-            step = min(self.step_info)
-            info, done, parked = self.step_info[step]
-            if done is None or self.counter.get() < step:
-                return
-            del self.step_info[step]
-            self._write_step(info, done, parked)
-        self.ckpts.commit_ready(self.lines_written)
+        self.steps.flush(self.counter.get(), self._line_extra)
+        self.ckpts.commit_ready(self.steps.written)
 
-    def _write_step(self, info: BatchInfo, done: messages.StepDone, parked: float) -> None:
-        fields, ages = step_fields(info, done)
-        first_after_resume = self.resumed and done.step == self.start_step + 1
-        r = self.cfg.rollout
-        if first_after_resume:      # a filtered group frees its slot: it does not count against S
-            check_resume_bound(self.admitted_since_step - self.filtered_since_step,
-                               r.max_head_offpolicyness, r.consumer_batch_size)
-        if r.dynamic_sampling:
-            fields["filtered"] = self.filtered_since_step
-        self.metrics.write(
-            "step", **fields, admitted=self.admitted_since_step, resumed=first_after_resume,
-            out_queue_depth=len(self.dispatcher.out_queue) + len(self.sink.pending),
-            parked_s=parked, weight_sync_s=self.watcher.last_sync_s,
-            **(self.bound.take_counts() if self.bound is not None else {}))
-        self.admitted_since_step = self.filtered_since_step = 0
-        self.lines_written = done.step
-        check_mismatch(done.step, done.stats, self.cfg.actor.logprob_diff_limit)
-        self.last_ages = {k: v for k, v in ages.items() if k != "age_mean"}
-        self.last_parked_s = parked
+    def _line_extra(self) -> dict:
+        """The step line's fields the loop knows at the moment it is written."""
+        return {"out_queue_depth": len(self.dispatcher.out_queue) + len(self.sink.pending),
+                "weight_sync_s": self.watcher.last_sync_s,
+                **(self.bound.take_counts() if self.bound is not None else {})}
 
     def watch(self) -> None:
         target = self.watcher.poll(self.live_workers())
