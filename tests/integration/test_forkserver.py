@@ -16,6 +16,7 @@ import psutil
 from orchestrator.config import load_config
 from orchestrator.runtime import forkserver, scratch
 from orchestrator.runtime.forkserver import TORCH, WORKERS, preload_for
+from tests.fresh import fresh_python
 from tests.integration.lifecycle import (ROOT, all_gone, descendants, signal_and_check, start,
                                          wait_for_step, worker_pids)
 
@@ -39,6 +40,16 @@ def test_preload_is_torch_only_on_cpu_torch_runs():
     for gpu in (["inference.devices=['0']"], ["actor.device='0'"]):
         assert preload_for(load_config(None, gpu)) == WORKERS                 # CUDA pinning first
     assert preload_for(load_config("configs/sim.yaml", [])) == WORKERS
+
+
+def test_the_gpu_preload_imports_no_torch():
+    """Where workers get CUDA devices, the server must not have imported torch: a worker sets
+    CUDA_VISIBLE_DEVICES before its own import (and the server's preload is all it inherits)."""
+    out = fresh_python("import importlib, sys\n"
+                       "from orchestrator.runtime.forkserver import INIT, WORKERS\n"
+                       "for m in (INIT,) + WORKERS: importlib.import_module(m)\n"
+                       "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr + out.stdout
 
 
 def test_workers_are_forked_by_the_runs_server_which_ends_with_the_run(tmp_path):
