@@ -53,7 +53,8 @@ def test_the_gpu_preload_imports_no_torch():
 
 
 def test_workers_are_forked_by_the_runs_server_which_ends_with_the_run(tmp_path):
-    proc = start(tmp_path, "run.total_steps=40", "actor.sim.step_time_s=0.05")
+    # ~4 s of steps: still running while its processes are looked at, even on a busy host
+    proc = start(tmp_path, "run.total_steps=80", "actor.sim.step_time_s=0.05")
     wait_for_step(proc, tmp_path, 2)
     workers = {name: psutil.Process(pid) for name, pid in worker_pids(tmp_path).items()}
     servers = {p.parent().pid for p in workers.values()}
