@@ -26,7 +26,9 @@ then forks each worker on request, so a run pays the imports once.
   nothing heavy either.
 - End: `close()` (the supervisor's `finally`, after every worker is stopped) kills the server and
   reaps it, so that no process outlives the run; a later run in the same process starts a server of
-  its own.
+  its own. Python keeps one fork server per process: a supervisor run inside a process that already
+  runs a fork server of its own would find it without the ready file and fail at
+  `run.startup_timeout_s` (the launch process never has one).
 """
 from __future__ import annotations
 
