@@ -70,9 +70,7 @@ class EventLoop:
         self.cursor = cursor or PromptCursor(task)
         self.episode_tokens = episode_tokens(cfg)         # multi-turn budget; None: single-turn
         self.stop_requested = False
-        self.resumed = resumed
         # step accounting: steps are 1-based; batch k is trained at version k-1
-        self.start_step = start_step
         self.built = start_step          # last batch built
         self.trained = start_step        # last StepDone
         self.outstanding: Optional[int] = None

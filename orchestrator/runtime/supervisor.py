@@ -17,8 +17,8 @@ drain window (half of `run.shutdown_timeout_s`: in-flight work finishes, complet
 checkpoint is taken); then workers are told to shut down and killed, all within
 `run.shutdown_timeout_s` plus a small constant.
 Processes are only ever started from the main thread; workers die with the fork server (PR_SET_PDEATHSIG),
-which dies with the supervisor. Every wait has a timeout (the first worker's start waits for the
-fork server's imports, which end).
+which dies with the supervisor. Every wait has a timeout (the fork server's imports: within
+`run.startup_timeout_s`, with the stop checks).
 
 Liveness (`orchestrator.runtime.liveness`): every worker stamps its progress word (monotonic ms) on each
 main-loop turn and its liveness word from a thread of its own; a ready worker whose progress is

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.runtime.forkserver import TORCH
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -153,8 +155,7 @@ def call_main(main, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
-RANK_PRELOAD = ["torch", "transformers.models.llama.modeling_llama", "orchestrator.backends.torch_trainer",
-                "tests.integration.test_trainer_ranks"]
+RANK_PRELOAD = [*TORCH, "tests.integration.test_trainer_ranks"]    # a run's fork server's, + the tests'
 
 
 def start_ranks(fn, args, nprocs):
