@@ -670,6 +670,27 @@ class WeightsConfig(_Section):
                                     "cannot take requests mid-reload)")
 
 
+class PlacementConfig(_Section):
+    """Where workers run (orchestrator.runtime.ray_cluster): on this machine (local, the default:
+    Ray is never imported) or on a Ray cluster (ray: this process is the Ray driver; every inference
+    worker is hosted by a Ray actor in a placement group, one bundle each; trainer ranks stay on this
+    node)."""
+    mode: Literal["local", "ray"] = Field("local", description="local: every worker on this "
+                                          "machine; ray: inference workers placed on a Ray cluster")
+    ray_address: str = Field("auto", min_length=1, description="the cluster ray.init connects to: "
+                             "auto (the cluster `ray start` runs on this machine) or host:port")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement group strategy of the inference workers' bundles")
+    inference_gpus: int = Field(0, ge=0, le=64, description="GPUs reserved per inference worker "
+                                "(ray mode; Ray assigns the devices, inference.devices stays empty)")
+    inference_resources: dict[str, float] = Field(
+        default_factory=dict, description="extra Ray resources per inference worker's bundle, "
+        "e.g. {node_b: 1} to place workers on nodes started with --resources='{\"node_b\": 4}'")
+    ray_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="connecting to the "
+                                 "cluster and reserving the placement group (else exit 2 naming "
+                                 "what is missing)")
+
+
 class AlgoConfig(_Section):
     """Training recipe choices (orchestrator.algo); the names are verl's. Clip ranges, dual clip and
     the behaviour-weight cap keep AReaL's `actor.*` keys (eps_clip, eps_clip_higher, c_clip,
@@ -753,6 +774,7 @@ class Config(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
     @model_validator(mode="after")
     def _algo_checks(self) -> "Config":
@@ -880,6 +902,20 @@ class Config(_Section):
                              f"{inf.num_workers} inference workers gets "
                              f"{len(inf.devices) // inf.num_workers} of inference.devices: give every "
                              f"worker {tp} devices")
+        place = self.placement
+        if place.mode == "local":
+            changed = [k for k in ("inference_gpus", "inference_resources")
+                       if getattr(place, k) != PlacementConfig.model_fields[k].get_default(
+                           call_default_factory=True)]
+            if changed:
+                raise ValueError(f"placement.{changed[0]} places workers on a Ray cluster: it needs "
+                                 f"placement.mode=ray")
+        elif inf.devices:
+            raise ValueError(f"inference.devices={inf.devices} with placement.mode=ray: Ray assigns "
+                             f"inference devices (set placement.inference_gpus per worker instead)")
+        elif place.inference_gpus and inf.backend == "sim":
+            raise ValueError(f"placement.inference_gpus={place.inference_gpus} with inference.backend "
+                             f"sim: the sim backend uses no device")
         if self.actor.logprob_diff_limit == "auto":       # resolved: the run's config holds the number
             self.actor.logprob_diff_limit = logprob_diff_default(self)
         return self

@@ -4,7 +4,9 @@
 `arl_<run_id>_*`, `orchestrator.runtime.resources`), spawns the trainer ranks (`actor.devices` /
 `actor.num_ranks`; a free rendezvous port and the torch.distributed environment, no torchrun) and
 the inference workers (disjoint devices; every worker is forked by the run's fork server,
-`orchestrator.runtime.forkserver`, which imported their modules once), waits for them to report ready,
+`orchestrator.runtime.forkserver`, which imported their modules once; with `placement.mode: ray` the
+inference workers are hosted by Ray actors instead, `orchestrator.runtime.ray_cluster`, whose
+placement is reserved before any worker starts), waits for them to report ready,
 recovers from a checkpoint if resuming (`orchestrator.runtime.resume`), runs the event thread and
 the metrics thread (every metrics line also goes to the configured sinks,
 `orchestrator.observe.sinks`), and frees everything in one `finally`: Shutdown message -> join ->
@@ -94,6 +96,7 @@ class Supervisor:
         self.prompt_tokens = 0        # longest prompt of the task (workers size contexts by it)
         self.rendezvous_port = 0      # trainer ranks' process group (free_port, once per launch)
         self.spawner = Spawner(cfg)   # the run's fork server: every worker is forked by it
+        self.cluster = None           # placement.mode=ray: the Ray cluster hosting inference workers
 
     # ------------------------------------------------------------------ processes
     def _spec(self, res: Resources, role: str, i: int, gen: int = 0) -> WorkerSpec:
@@ -106,9 +109,12 @@ class Supervisor:
         target = trainer_worker.main if spec.role == "trainer" else inference_worker.main
         # forked by the run's fork server (its parent, which it dies with), ignoring SIGINT and
         # SIGTERM from its first instant: a signal to the process group is the supervisor's
-        spec = dataclasses.replace(spec, parent_pid=self.spawner.start_server(self.scratch))
-        p = self.spawner.process(target, (spec,), f"arl-{spec.role}{spec.index}g{spec.gen}")
-        p.start()
+        if self.cluster is not None and spec.role == "inference":
+            p = self.cluster.start(spec)         # hosted by a Ray actor on the bundle's node
+        else:
+            spec = dataclasses.replace(spec, parent_pid=self.spawner.start_server(self.scratch))
+            p = self.spawner.process(target, (spec,), f"arl-{spec.role}{spec.index}g{spec.gen}")
+            p.start()
         self.procs[(spec.role, spec.index)] = p
         pids = {f"{r}{i}": q.pid for (r, i), q in self.procs.items()}
         atomic_write(os.path.join(self.run_dir, "logs", "pids.json"), json.dumps(pids).encode(),
@@ -293,6 +299,10 @@ class Supervisor:
                 why = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 raise RunFailed(f"cannot build task.name={cfg.task.name!r} / model.path="
                                 f"{cfg.model.path!r}: {why}", 2) from None
+            if cfg.placement.mode == "ray":     # before anything starts: a refusal is exit 2
+                from orchestrator.runtime.ray_cluster import RayCluster
+                self.cluster = RayCluster(cfg, names.run_id)
+                self.cluster.connect()
             self._check_stop("startup")
             self.spawner.start_server(self.scratch)    # imports the workers' modules meanwhile
             self.prompt_tokens = int(task.max_prompt_tokens)
@@ -302,6 +312,8 @@ class Supervisor:
                 res.fresh_words("trainer", r)
             for i in range(cfg.inference.num_workers):
                 res.fresh_words("inference", i)
+            if self.cluster is not None:
+                self.cluster.res = res
             self._check_stop("startup")
             self.rendezvous_port = rank_failures.free_port()
             try:
@@ -339,6 +351,8 @@ class Supervisor:
             shutdown.stop_processes(list(self.procs.values()), res.inference_req + [res.trainer_req],
                                     deadline)
             self.spawner.close()
+            if self.cluster is not None:
+                self.cluster.close(deadline)
             free_resources(res)
             if self.scratch:
                 scratch.remove(self.scratch)
@@ -382,7 +396,12 @@ class Supervisor:
         while t.is_alive():
             t.join(0.05)
             while not self._respawn.empty():
-                self._start(self._respawn.get_nowait())
+                try:
+                    self._start(self._respawn.get_nowait())
+                except BaseException:     # e.g. no node left for it: stop the loop, then fail
+                    loop.abort = True
+                    t.join(1.0)
+                    raise
             if self._signal_at is not None and \
                     time.monotonic() > self._signal_at + self.cfg.run.shutdown_timeout_s * 0.5:
                 loop.abort = True          # drain window over

@@ -1,0 +1,379 @@
+"""Driver side of `placement.mode: ray`: inference workers placed on a Ray cluster.
+
+The supervisor, event loop, gate, sinks, checkpoints and messages stay as in local mode; only where an
+inference worker runs changes. The supervisor is the Ray driver; trainer ranks stay its children on
+its node (the batch ring stays shared memory). Ray is imported here only, and only in ray mode.
+
+- `RayCluster(cfg, run_id).connect()` (before anything else starts; `res`, the run's shm objects,
+  is set before the first `start`): `ray.init(placement.ray_address)`,
+  then one placement group of `inference.num_workers` bundles (`placement.strategy`), each
+  {CPU: inference.threads_per_worker, GPU: placement.inference_gpus, **placement.inference_resources},
+  ready within `placement.ray_timeout_s`. Every refusal is `RunFailed(..., 2)` in one line naming
+  what is wrong: no cluster at the address, Ray versions of the driver and the cluster differ,
+  resources no node or the whole cluster has (named, with what the cluster has), a group that is
+  still not placed at the deadline.
+- `start(spec) -> HostedWorker`: the worker's host actor
+  (`orchestrator.runtime.ray_host.WorkerHost`) in bundle `spec.index` (kept across restarts while it
+  lives, a new one in the same bundle otherwise) starts the worker. Bridged when the bundle's node is
+  not the driver's: the worker's records then travel over Ray (`HostedWorker`'s pump), else it
+  attaches the supervisor's shm objects as in local mode. The choice is logged per worker.
+- `HostedWorker` stands for the worker process where the supervisor keeps its processes (`pid`,
+  `exitcode`, `is_alive()`, `kill()`, `join(timeout)`), so death, hangs, restarts and shutdown are
+  handled as for a local worker; a host actor that dies (its node lost) is a dead worker (exit code
+  -9) named so in the log. Its pump thread (owned by it, ended by the worker's exit or `stop()`,
+  joined within `PUMP_JOIN_S`) moves a bridged worker's traffic: records from the supervisor's
+  request ring (at most one `LoadWeights` per call, with the published weights of its version, put
+  once in Ray's object store and shared by every host) go to the host; what the host returns goes
+  into the supervisor's rollout and control rings (the doorbell rung) and its progress and
+  liveness ages into the supervisor's words, so `liveness.overdue` judges a remote worker as a
+  local one. Every Ray call has a timeout (`CALL_TIMEOUT_S`); a call that fails is the host's death.
+- `close(deadline)`: stops every pump, closes every host (its worker killed, its node's objects
+  freed), kills the actors, removes the placement group and disconnects; bounded by `deadline`
+  plus `CALL_TIMEOUT_S`. A driver killed with SIGKILL takes its actors with it (Ray's owner
+  semantics: they belong to the driver's job) and their workers die with them.
+Not built yet (issue #27): weights to other nodes by a broadcast from trainer rank 0 on a process
+group (they go through Ray's object store from the supervisor's weight buffer), CUDA IPC to
+GPU workers in ray mode, rescheduling the bundles of a lost node, the placement benchmark.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from orchestrator import messages
+from orchestrator.errors import RunFailed
+from orchestrator.runtime.ray_host import ChannelError, Frames, WorkerHost
+from orchestrator.runtime.signals import SIGNALS
+
+log = logging.getLogger("orchestrator.runtime.ray_cluster")
+CALL_TIMEOUT_S = 30.0      # one Ray call (an exchange waits at most WAIT_S of it)
+WAIT_S = 0.05              # a host waits this long for records before answering empty
+STATUS_S = 0.1             # a hosted, not bridged, worker's exit code is asked this often
+PUMP_JOIN_S = 5.0
+LOST = -9                  # the exit code of a worker whose host actor died
+MAX_FRAMES = 64            # request records per exchange
+PROBE_S = 5.0              # the cluster's address must accept a connection within this
+
+
+def _ray():
+    import ray
+    return ray
+
+
+class RayCluster:
+    def __init__(self, cfg, run_id: str) -> None:
+        self.cfg, self.run_id = cfg, run_id
+        self.res = None                            # the run's shm objects, set before `start`
+        self.pg = None
+        self.driver_node = ""
+        self.hosts: dict[int, tuple] = {}          # worker index -> (actor, bridged)
+        self.workers: list["HostedWorker"] = []
+        self._weights: dict[int, object] = {}      # version -> ObjectRef, shared by the pumps
+        self._weights_lock = threading.Lock()
+        self._actor_cls = None
+
+    # ------------------------------------------------------------------ connect
+    def connect(self) -> None:
+        ray = _ray()
+        place = self.cfg.placement
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__import__("orchestrator").__file__)))
+        self._reachable(place.ray_address, min(PROBE_S, place.ray_timeout_s))
+        # ray.init makes SIGTERM exit the driver at once: the run's handlers are put back, and a
+        # signal that comes meanwhile waits (blocked) for them
+        handlers = {s: signal.getsignal(s) for s in SIGNALS}
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            ray.init(address=place.ray_address, log_to_driver=False, logging_level=logging.WARNING,
+                     namespace="arl", runtime_env={"env_vars": {"PYTHONPATH": root}})
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RunFailed(f"placement.ray_address={place.ray_address}: cannot join the Ray cluster "
+                            f"({why})", 2) from None
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        self.driver_node = ray.get_runtime_context().get_node_id()
+        bundles = [self._bundle() for _ in range(self.cfg.inference.num_workers)]
+        self._check_resources(bundles[0], len(bundles))
+        from ray.util import placement_group, remove_placement_group
+        self.pg = placement_group(bundles, strategy=place.strategy, name=f"arl-{self.run_id}")
+        try:
+            ray.get(self.pg.ready(), timeout=place.ray_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.pg)
+            self.pg = None
+            raise RunFailed(f"placement: the placement group of {len(bundles)} x {bundles[0]} "
+                            f"({place.strategy}) was not placed within placement.ray_timeout_s="
+                            f"{place.ray_timeout_s} (cluster: {self._totals()})", 2) from None
+        self._actor_cls = ray.remote(WorkerHost)
+        log.info("Ray %s at %s: placement group %s of %d bundles %s (%s), driver node %s",
+                 ray.__version__, place.ray_address, self.pg.id.hex()[:12], len(bundles), bundles[0],
+                 place.strategy, self.driver_node[:12])
+
+    @staticmethod
+    def _reachable(address: str, timeout_s: float) -> None:
+        """Something listens at the cluster's address (ray.init would retry for minutes)."""
+        import socket
+        ray = _ray()
+        where = address
+        if address == "auto":
+            try:
+                where = ray._private.services.canonicalize_bootstrap_address(address)
+            except Exception:
+                where = None
+            if not where:
+                raise RunFailed("placement.ray_address=auto: no Ray cluster runs on this machine "
+                                "(start one with `ray start --head`, or name its host:port)", 2)
+        host, _, port = where.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except (OSError, ValueError) as exc:
+            raise RunFailed(f"placement.ray_address={address}: no Ray cluster answers at {where} "
+                            f"({type(exc).__name__}: {exc})", 2) from None
+
+    def _bundle(self) -> dict:
+        place, inf = self.cfg.placement, self.cfg.inference
+        bundle = {"CPU": float(inf.threads_per_worker)}
+        if place.inference_gpus:
+            bundle["GPU"] = float(place.inference_gpus)
+        bundle.update(place.inference_resources)
+        return bundle
+
+    def _totals(self) -> dict:
+        return {k: v for k, v in _ray().cluster_resources().items() if not k.startswith("node:")}
+
+    def _check_resources(self, bundle: dict, n: int) -> None:
+        """A bundle no alive node can hold, or bundles the cluster cannot hold together: exit 2."""
+        nodes = [node["Resources"] for node in _ray().nodes() if node.get("Alive")]
+        if not any(all(res.get(k, 0.0) >= v for k, v in bundle.items()) for res in nodes):
+            short = sorted(k for k, v in bundle.items() if not any(res.get(k, 0.0) >= v for res in nodes))
+            raise RunFailed(f"placement: no node of the Ray cluster has {bundle} for an inference "
+                            f"worker (short of {short or 'them together'}; cluster: "
+                            f"{self._totals()})", 2)
+        totals = self._totals()
+        short = {k: v * n for k, v in bundle.items() if totals.get(k, 0.0) < v * n}
+        if short:
+            raise RunFailed(f"placement: {n} inference workers need {short} in all; the Ray "
+                            f"cluster has {({k: totals.get(k, 0.0) for k in short})}", 2)
+
+    # ------------------------------------------------------------------ workers
+    def start(self, spec) -> "HostedWorker":
+        ray = _ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        i = spec.index
+        actor, bridged, node = self.hosts.get(i, (None, False, ""))
+        if actor is not None:
+            try:
+                ray.get(actor.pid.remote(), timeout=CALL_TIMEOUT_S)
+            except Exception:
+                actor = None
+        timeout = self.cfg.placement.ray_timeout_s
+        deadline, first = time.monotonic() + timeout, node
+        while True:          # a host on a node that is dying but not yet known dead dies: retry
+            if actor is None:
+                node = self._bundle_node(i, first, deadline)
+                bridged = node != self.driver_node     # its host then carries the worker's traffic
+                bundle = self._bundle()
+                actor = self._actor_cls.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=i),
+                    num_cpus=bundle.pop("CPU"), num_gpus=bundle.pop("GPU", 0),
+                    resources=bundle).remote(bridged)
+                self.hosts[i] = (actor, bridged, node)
+                log.info("inference worker %d: bundle %d on node %s: %s", i, i, node[:12],
+                         "records over Ray (another node)" if bridged else
+                         "shm rings (the driver's node)")
+            try:
+                pid = ray.get(actor.start.remote(spec, self.res.sizes, self.res.weights.nbytes),
+                              timeout=CALL_TIMEOUT_S)
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"inference worker {i}: no Ray host could start it on node "
+                                    f"{(first or node)[:12]} or elsewhere within "
+                                    f"placement.ray_timeout_s={timeout:g} ({type(exc).__name__}: "
+                                    f"{_first_line(exc)})") from None
+                log.warning("inference worker %d: its host on node %s failed (%s); again",
+                            i, node[:12], type(exc).__name__)
+                ray.kill(actor)
+                actor, first = None, first or node
+                time.sleep(STATUS_S)
+        worker = HostedWorker(self, actor, bridged, spec, pid, node)
+        self.workers.append(worker)
+        return worker
+
+    def _bundle_node(self, i: int, lost: str, deadline: float) -> str:
+        """The alive node bundle i is placed on, waiting until `deadline` for Ray to place it again
+        after its node (`lost`) died; RunFailed naming that node otherwise."""
+        ray = _ray()
+        from ray.util import placement_group_table
+        timeout = self.cfg.placement.ray_timeout_s
+        while True:
+            table = placement_group_table(self.pg)
+            node = table["bundles_to_node_id"].get(i, "")
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            if table["state"] == "CREATED" and node in alive:
+                return node
+            if time.monotonic() > deadline:
+                raise RunFailed(f"inference worker {i}: its node {lost[:12] or node[:12]} is gone and "
+                                f"the Ray cluster did not place its bundle {self._bundle()} on another "
+                                f"node within placement.ray_timeout_s={timeout:g} (cluster: "
+                                f"{self._totals()})")
+            time.sleep(STATUS_S)
+
+    def weights_ref(self, version: int) -> tuple:
+        """(v, ref): the latest published weights, version v >= `version`, in Ray's object store
+        (put once per version, shared by the pumps; a local worker too loads the latest)."""
+        with self._weights_lock:
+            latest = self.res.weights.latest_version()
+            if latest not in self._weights:
+                buf = np.empty(self.res.weights.nbytes, dtype=np.uint8)
+                got = self.res.weights.read_into(memoryview(buf), timeout=CALL_TIMEOUT_S,
+                                                 min_version=version)
+                self._weights = {got: _ray().put(buf)}    # older versions are no longer asked for
+            return next(iter(self._weights.items()))
+
+    # ------------------------------------------------------------------ end
+    def close(self, deadline: float) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            return
+        for w in self.workers:
+            w.stop()
+        for actor, _, _ in self.hosts.values():
+            try:
+                ray.get(actor.close.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            except Exception as exc:        # a dead host: nothing of it is left to close
+                log.info("closing an inference worker's host: %s", type(exc).__name__)
+            ray.kill(actor)
+        self.hosts.clear()
+        if self.pg is not None:
+            from ray.util import remove_placement_group
+            remove_placement_group(self.pg)
+            self.pg = None
+        self._weights.clear()
+        ray.shutdown()
+
+
+class HostedWorker:
+    """An inference worker hosted by a Ray actor, where the supervisor keeps its processes."""
+
+    def __init__(self, cluster: RayCluster, actor, bridged: bool, spec, pid: int, node: str) -> None:
+        self.cluster, self.actor, self.bridged, self.spec, self.pid = cluster, actor, bridged, spec, pid
+        self.node = node
+        self.name = f"arl-inference{spec.index}g{spec.gen}"
+        self.exitcode: Optional[int] = None
+        self.error = ""                    # why the worker is counted dead when it is not its exit
+        self._done = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump if bridged else self._watch,
+                                        name=f"ray-pump{spec.index}", daemon=True)
+        self._thread.start()
+
+    # process-like
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        self._done.wait(timeout)
+
+    def kill(self) -> None:
+        ray = _ray()
+        try:
+            ray.get(self.actor.kill_worker.remote(), timeout=CALL_TIMEOUT_S)
+        except Exception:
+            ray.kill(self.actor)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(PUMP_JOIN_S)
+
+    def _dead(self, code: int, why: str = "") -> None:
+        if why:
+            self.error = why
+            log.error("inference worker %d: %s", self.spec.index, why)
+        self.exitcode = code
+        self._done.set()
+
+    def _watch(self) -> None:
+        ray = _ray()
+        while not self._stop.wait(STATUS_S):
+            try:
+                code = ray.get(self.actor.status.remote(), timeout=CALL_TIMEOUT_S)
+            except Exception as exc:
+                return self._dead(LOST, self._gone(exc))
+            if code is not None:
+                return self._dead(code)
+
+    def _pump(self) -> None:
+        from shm.ring import Ring  # noqa: F401  (the rings below are shm.ring.Ring objects)
+        ray = _ray()
+        res, i = self.cluster.res, self.spec.index
+        req, out, ctl = res.inference_req[i], res.inference_out[i], res.inference_ctl[i]
+        words = (res.heartbeats[("inference", i)], res.liveness[("inference", i)])
+        to_host = Frames("requests to the host")
+        from_out, from_ctl = Frames("rollouts from the host"), Frames("control records from the host")
+        carry: list = []              # records the supervisor's rings could not take yet
+        pending = 0
+        try:
+            while not self._stop.is_set():
+                frames, version, weights = [], -1, None
+                while pending == 0 and not carry and len(frames) < MAX_FRAMES:
+                    try:
+                        raw = req.get(timeout=0.0)
+                    except TimeoutError:
+                        break
+                    frames.append(to_host.wrap(raw))
+                    msg = messages.decode(raw)
+                    if isinstance(msg, messages.LoadWeights) and res.weights.nbytes:
+                        version, weights = self.cluster.weights_ref(msg.version)
+                        break
+                try:
+                    reply = ray.get(self.actor.exchange.remote(frames, version, weights,
+                                                               0.0 if carry else WAIT_S),
+                                    timeout=CALL_TIMEOUT_S)
+                except ChannelError as exc:
+                    return self._dead(LOST, f"its records were damaged in transit: {exc}")
+                except Exception as exc:
+                    return self._dead(LOST, self._gone(exc))
+                pending = reply["pending"]
+                carry += [(out, from_out.unwrap(f)) for f in reply["out"]]
+                carry += [(ctl, from_ctl.unwrap(f)) for f in reply["ctl"]]
+                carry = self._deliver(carry)
+                now = int(time.monotonic() * 1000)
+                for word, age in zip(words, (reply["progress_age_ms"], reply["liveness_age_ms"])):
+                    if age is not None:
+                        word.set(max(1, now - age))
+                if reply["exitcode"] is not None and not carry and not reply["out"] and not reply["ctl"]:
+                    return self._dead(reply["exitcode"])
+        except ChannelError as exc:
+            self._dead(LOST, f"its records were damaged in transit: {exc}")
+        except BaseException as exc:     # the pump is the worker's only link: without it, it is lost
+            self._dead(LOST, f"its traffic stopped: {type(exc).__name__}: {_first_line(exc)}")
+
+    def _gone(self, exc: BaseException) -> str:
+        return (f"its Ray host actor on node {self.node[:12]} is gone ({type(exc).__name__}: "
+                f"{_first_line(exc)})")
+
+    def _deliver(self, carry: list) -> list:
+        """Put records into the supervisor's rings in order; what does not fit now stays."""
+        for n, (ring, data) in enumerate(carry):
+            try:
+                ring.put(data, timeout=0.0)
+            except TimeoutError:
+                self.cluster.res.bell.ring()
+                return carry[n:]
+            self.cluster.res.bell.ring()
+        return []
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,217 @@
+"""Node side of `placement.mode: ray`: the Ray actor that hosts one inference worker process.
+
+Ray decides where an inference worker runs (a bundle of the run's placement group,
+`orchestrator.runtime.ray_cluster`); the worker itself is the same process as in local mode
+(`inference_worker.main`, the same rings, words and weight buffer). `WorkerHost` is the actor that
+starts it on its node and, for a worker on another node than the supervisor's, carries its traffic
+(this module imports no Ray; `ray_cluster` makes the class an actor):
+
+- `start(spec, sizes, weight_nbytes) -> pid`: starts the worker (spawned, its parent this actor's
+  process: it dies with the actor, `worker_base.die_with_parent`). Bridged (`WorkerHost(True)`, a
+  worker on another node): first sweeps this node's segments and scratch directories of dead runs,
+  then makes the worker's objects here under a namespace of its own (`RunNames` with this process's
+  run id: its bell, weight buffer, request/rollout/control rings and progress/liveness words) and a
+  scratch directory of its own, so nothing of the supervisor's node is needed. Not bridged (the
+  supervisor's node): the worker attaches the supervisor's objects by their names, as in local mode.
+  A restart calls `start` again with the next generation (the old objects are freed first).
+- `exchange(frames, version, weights, wait_s) -> dict` (bridged): the supervisor's pump hands over
+  request records (`Frames`: sequence numbered and CRC-checked; a gap or a bad checksum raises
+  `ChannelError`, never wrong bytes) and, with a `LoadWeights` among them, the published weights of
+  `version`, which are written to this node's weight buffer first; the records go into the worker's
+  request ring as space allows (the rest wait here; `pending` says how many, and the pump sends no
+  more meanwhile, so the request ring's back-pressure reaches the supervisor). It returns what the
+  worker put on its rollout and control rings (framed, at most `PULL_BYTES` a call), the ages of its
+  progress and liveness words in ms (None while never stamped), and its exit code (None while it
+  runs). With nothing to return it waits up to `wait_s` on the worker's bell.
+- `status()` (not bridged): the exit code. `kill_worker()`: SIGKILL to the worker. `close()`:
+  kills the worker, frees everything `start` made and removes the scratch directory; bounded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import secrets
+import signal
+import zlib
+from collections import deque
+from typing import Optional
+
+from orchestrator.runtime import scratch
+from orchestrator.runtime.liveness import now_ms
+from orchestrator.runtime.resources import RingSizes, RunNames
+from orchestrator.runtime.worker_base import WorkerSpec
+
+PULL_BYTES = 64 << 20          # records returned by one exchange (at least one record)
+JOIN_S = 2.0                   # a killed worker is reaped within this
+
+
+class ChannelError(RuntimeError):
+    """A record between the supervisor and a host arrived out of sequence or corrupt."""
+
+
+class Frames:
+    """One direction of a record stream: `wrap(data) -> (seq, crc, data)` numbers records from 0;
+    `unwrap(frame) -> data` checks the next number and the CRC-32 (ChannelError otherwise)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.sent, self.got = what, 0, 0
+
+    def wrap(self, data: bytes) -> tuple:
+        self.sent += 1
+        return self.sent - 1, zlib.crc32(data), data
+
+    def unwrap(self, frame: tuple) -> bytes:
+        seq, crc, data = frame
+        if seq != self.got:
+            raise ChannelError(f"{self.what}: record {seq} arrived where {self.got} was due "
+                               f"(a record was lost or repeated)")
+        if zlib.crc32(data) != crc:
+            raise ChannelError(f"{self.what}: record {seq} failed its CRC-32 check")
+        self.got += 1
+        return data
+
+
+class WorkerHost:
+    def __init__(self, bridged: bool) -> None:
+        self.bridged = bridged
+        self.proc: Optional[mp.process.BaseProcess] = None
+        self.owned: list = []
+        self.scratch = ""
+        self.pending: deque = deque()
+        self.req = self.out = self.ctl = self.bell = self.wbuf = None
+        self.words: tuple = ()
+        self.frames_in = Frames("requests to the worker")
+        self.frames_out = Frames("rollouts from the worker")
+        self.frames_ctl = Frames("control records from the worker")
+
+    def node_id(self) -> str:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def start(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> int:
+        from orchestrator.runtime import inference_worker
+        self._stop_worker()
+        self._free()
+        spec = dataclasses.replace(spec, parent_pid=os.getpid(),
+                                   devices=tuple(str(int(g)) for g in _gpu_ids()))
+        if self.bridged:
+            spec = self._own_objects(spec, sizes, weight_nbytes)
+        self.proc = mp.get_context("spawn").Process(
+            target=inference_worker.main, args=(spec,), daemon=False,
+            name=f"arl-inference{spec.index}g{spec.gen}")
+        self.proc.start()
+        return self.proc.pid
+
+    def _own_objects(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> WorkerSpec:
+        """This node's copies of the worker's objects, under a run id of this process's own."""
+        from shm.counter import SharedCounter
+        from shm.ring import Ring
+        from shm.segments import sweep_dead
+        from shm.weights import WeightBuffer
+        from orchestrator.wire import Bell
+        sweep_dead()
+        scratch.sweep_dead()
+        names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", spec.names.num_inference)
+        i, gen = spec.index, spec.gen
+        own = self.owned.append
+        self.bell = Bell.create(names.bell)
+        own(self.bell)
+        self.wbuf = WeightBuffer.create(names.weights, max(weight_nbytes, 8))
+        own(self.wbuf)
+        self.req = Ring.create(names.req("inference", i, gen), sizes.req)
+        own(self.req)
+        self.out = Ring.create(names.out(i, gen), sizes.out)
+        own(self.out)
+        self.ctl = Ring.create(names.ctl("inference", i, gen), sizes.ctl)
+        own(self.ctl)
+        self.words = (SharedCounter.create(names.heartbeat("inference", i, gen)),
+                      SharedCounter.create(names.liveness("inference", i, gen)))
+        self.owned.extend(self.words)
+        self.scratch = scratch.create(names.run_id)
+        self.pending.clear()
+        self.frames_in = Frames("requests to the worker")
+        self.frames_out = Frames("rollouts from the worker")
+        self.frames_ctl = Frames("control records from the worker")
+        return dataclasses.replace(spec, names=names, env={**spec.env, scratch.ENV: self.scratch})
+
+    def exchange(self, frames: list, version: int = -1, weights=None, wait_s: float = 0.05) -> dict:
+        for frame in frames:
+            self.pending.append(self.frames_in.unwrap(frame))
+        if weights is not None:        # before the LoadWeights record that names it
+            self.wbuf.publish(memoryview(weights).cast("B"), version)
+        while self.pending:
+            try:
+                self.req.put(self.pending[0], timeout=0.0)
+            except TimeoutError:
+                break
+            self.pending.popleft()
+        out, ctl = self._pull(), self._pull_ctl()
+        if not out and not ctl and self.exitcode() is None and self.bell.wait(wait_s):
+            out, ctl = self._pull(), self._pull_ctl()
+        progress, alive = (w.get() for w in self.words)
+        now = now_ms()
+        return {"out": out, "ctl": ctl, "pending": len(self.pending), "exitcode": self.exitcode(),
+                "progress_age_ms": now - progress if progress else None,
+                "liveness_age_ms": now - alive if alive else None}
+
+    def _pull(self) -> list:
+        return _drain(self.out, self.frames_out)
+
+    def _pull_ctl(self) -> list:
+        return _drain(self.ctl, self.frames_ctl)
+
+    def exitcode(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.exitcode
+
+    def status(self) -> Optional[int]:
+        return self.exitcode()
+
+    def kill_worker(self) -> None:
+        if self.proc is not None and self.proc.exitcode is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _stop_worker(self) -> None:
+        if self.proc is not None:
+            self.kill_worker()
+            self.proc.join(JOIN_S)
+
+    def _free(self) -> None:
+        for obj in reversed(self.owned):
+            for fn in ("close", "unlink"):
+                try:
+                    getattr(obj, fn)()
+                except Exception:
+                    pass
+        self.owned.clear()
+        if self.scratch:
+            scratch.remove(self.scratch)
+            self.scratch = ""
+
+    def close(self) -> None:
+        self._stop_worker()
+        self._free()
+
+
+def _drain(ring, frames: Frames) -> list:
+    got, size = [], 0
+    while size < PULL_BYTES:
+        try:
+            data = ring.get(timeout=0.0)
+        except TimeoutError:
+            break
+        got.append(frames.wrap(data))
+        size += len(data)
+    return got
+
+
+def _gpu_ids() -> list:
+    """The GPUs Ray gave this actor (its bundle's), as device indices of this node."""
+    import ray
+    return ray.get_gpu_ids()

@@ -1,0 +1,260 @@
+"""`placement.mode: ray` (issue #27) on one machine: a Ray cluster of a head and a second node
+(`ray.cluster_utils.Cluster`, bound to 127.0.0.1), the inference workers placed on the second node
+by a custom resource, so their records travel over Ray, not shared memory. The run keeps its
+promises there: every step, the age bound, every prompt trained exactly once (the audit), a killed
+remote worker restarted, SIGTERM bounded with no actor or worker left, a driver killed with SIGKILL
+taking its actors and workers with it and resuming exactly; a placement the cluster cannot hold, or
+no cluster at the address, is exit 2 in one line before any worker starts."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.integration.lifecycle import ROOT, steps, wait_for_step, worker_pids
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+# On Linux a driver resolves 127.0.0.1 to the machine's address (to be reachable from other
+# nodes); a cluster bound to 127.0.0.1 only is reached with Ray's loopback setting.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+SLOW = ["inference.sim.latency_s=0.05", "actor.sim.step_time_s=0.06"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"head": 1}, "include_dashboard": False,
+        "node_ip_address": "127.0.0.1"})
+    c.add_node(num_cpus=2, resources={"node_b": 2}, node_ip_address="127.0.0.1")
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def _args(cluster, run_dir, *overrides):
+    return [sys.executable, "-m", "orchestrator.launch", "--config", "configs/sim.yaml",
+            f"run.dir={run_dir}", "placement.mode=ray", f"placement.ray_address={cluster.address}",
+            "placement.inference_resources={node_b: 1}", "rollout.filter_zero_std=false", *overrides]
+
+
+def _start(cluster, run_dir, *overrides):
+    return subprocess.Popen(_args(cluster, run_dir, *overrides), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **LOOPBACK})
+
+
+def _run(cluster, run_dir, *overrides, timeout=180):
+    return subprocess.run(_args(cluster, run_dir, *overrides), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **LOOPBACK})
+
+
+def _audit(run_dir):
+    out = subprocess.run([sys.executable, "-m", "orchestrator.audit", str(run_dir)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def _hosts():
+    """Live processes of Ray actors hosting inference workers (Ray names them ray::WorkerHost)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any("WorkerHost" in part for part in p.info["cmdline"] or ()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def _gone(pids, timeout):
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_workers_on_another_node_keep_every_promise(cluster, tmp_path):
+    out = _run(cluster, tmp_path, "run.total_steps=30")
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "logs" / "supervisor.log").read_text()
+    assert log.count("records over Ray (another node)") == 2, log
+    s = steps(tmp_path)
+    assert [r["step"] for r in s] == list(range(1, 31))
+    assert max(r["age_max"] for r in s) <= 2
+    assert sum(r["weight_sync_s"] is not None for r in s) > 0
+    audit = _audit(tmp_path)
+    assert audit["ok"], audit["failures"]
+    assert _gone(worker_pids(tmp_path).values(), 10) and _hosts() == []
+
+
+def test_a_killed_remote_worker_is_restarted_and_nothing_is_lost(cluster, tmp_path):
+    proc = _start(cluster, tmp_path, "run.total_steps=40", *SLOW)
+    wait_for_step(proc, tmp_path, 5, timeout=120)
+    victim = worker_pids(tmp_path)["inference0"]
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    events = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if '"event"' in line]
+    assert [(e["event"], e["worker"]) for e in events] == [("worker_restart", 0)]
+    assert worker_pids(tmp_path)["inference0"] != victim
+    audit = _audit(tmp_path)
+    assert audit["ok"], audit["failures"]
+    assert _hosts() == []
+
+
+def test_sigterm_is_bounded_and_leaves_no_actor_or_worker(cluster, tmp_path):
+    proc = _start(cluster, tmp_path, "run.total_steps=100000", "run.shutdown_timeout_s=6", *SLOW)
+    wait_for_step(proc, tmp_path, 3, timeout=120)
+    workers = list(worker_pids(tmp_path).values())
+    assert len(_hosts()) == 2
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert took <= 6 + 2, took
+    assert _gone(workers, 5) and _hosts() == []
+    groups = _placement_groups(cluster)
+    assert groups and all(state == "REMOVED" for state in groups.values()), groups
+
+
+def _placement_groups(cluster) -> dict:
+    """name -> state of the cluster's placement groups of runs (asked by a driver of its own)."""
+    code = ("import json, logging, ray; from ray.util import placement_group_table; "
+            f"ray.init(address={cluster.address!r}, log_to_driver=False, "
+            "logging_level=logging.ERROR); "
+            "print(json.dumps({g['name']: g['state'] for g in placement_group_table().values() "
+            "if g['name'].startswith('arl-')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **LOOPBACK})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_driver_killed_with_sigkill_takes_its_actors_and_resumes_exactly(cluster, tmp_path):
+    proc = _start(cluster, tmp_path, "run.total_steps=40", "run.resume=auto",
+                  "run.checkpoint_every=5", *SLOW)
+    wait_for_step(proc, tmp_path, 12, timeout=120)
+    workers = [pid for name, pid in worker_pids(tmp_path).items() if name.startswith("inference")]
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone(workers, 30), "a remote inference worker outlived its driver"
+    deadline = time.monotonic() + 30
+    while _hosts() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _hosts() == [], "a host actor outlived its driver"
+    out = _run(cluster, tmp_path, "run.total_steps=40", "run.resume=auto", "run.checkpoint_every=5")
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = steps(tmp_path)
+    assert [r["step"] for r in s][-1] == 40
+    audit = _audit(tmp_path)
+    assert audit["ok"], audit["failures"]
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["placement.inference_resources={node_c: 1}"], "node_c"),
+    (["inference.num_workers=3"], "node_b"),
+])
+def test_a_placement_the_cluster_cannot_hold_is_exit_2(cluster, tmp_path, overrides, named):
+    out = _run(cluster, tmp_path, *overrides)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and named in lines[0] and "placement" in lines[0], out.stderr
+    assert not (tmp_path / "logs" / "inference0.log").exists()
+    assert _hosts() == []
+
+
+def test_no_cluster_at_the_address_is_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config", "configs/sim.yaml",
+                          f"run.dir={tmp_path}", "placement.mode=ray",
+                          "placement.ray_address=127.0.0.1:9"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **LOOPBACK})
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "placement.ray_address=127.0.0.1:9" in lines[0], out.stderr
+
+
+def _node_of_worker(cluster, run_dir, i):
+    """The cluster's node object hosting inference worker i (from the supervisor's log)."""
+    import re
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    short = re.findall(rf"inference worker {i}: bundle {i} on node ([0-9a-f]+)", log)[-1]
+    return next(n for n in cluster.list_all_nodes() if n.node_id.startswith(short)), short
+
+
+def test_a_lost_node_s_worker_restarts_on_the_remaining_node(cluster, tmp_path):
+    spares = [cluster.add_node(num_cpus=1, resources={"spare": 1}, node_ip_address="127.0.0.1")
+              for _ in range(2)]
+    cluster.wait_for_nodes()
+    try:
+        proc = _start(cluster, tmp_path, "run.total_steps=40", "inference.num_workers=1",
+                      "placement.inference_resources={spare: 1}", *SLOW)
+        wait_for_step(proc, tmp_path, 5, timeout=120)
+        node, short = _node_of_worker(cluster, tmp_path, 0)
+        cluster.remove_node(node, allow_graceful=False)
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        events = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if '"event"' in line]
+        assert [(e["event"], e["worker"]) for e in events] == [("worker_restart", 0)]
+        _, now = _node_of_worker(cluster, tmp_path, 0)
+        assert now != short
+        audit = _audit(tmp_path)
+        assert audit["ok"], audit["failures"]
+    finally:
+        for n in spares:
+            if n in cluster.worker_nodes:
+                cluster.remove_node(n)
+
+
+def test_a_lost_node_with_no_room_elsewhere_fails_the_run_naming_it(cluster, tmp_path):
+    solo = cluster.add_node(num_cpus=1, resources={"solo": 1}, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    try:
+        proc = _start(cluster, tmp_path, "run.total_steps=100000", "inference.num_workers=1",
+                      "placement.inference_resources={solo: 1}", "placement.ray_timeout_s=10",
+                      *SLOW)
+        wait_for_step(proc, tmp_path, 3, timeout=120)
+        workers = list(worker_pids(tmp_path).values())
+        _, short = _node_of_worker(cluster, tmp_path, 0)
+        cluster.remove_node(solo, allow_graceful=False)
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 1, err[-3000:]
+        lines = [line for line in err.splitlines() if line.startswith("error")]
+        assert len(lines) == 1 and short in lines[0] and "placement.ray_timeout_s=10" in lines[0], err
+        assert _gone(workers, 10) and _hosts() == []
+    finally:
+        if solo in cluster.worker_nodes:
+            cluster.remove_node(solo)
+
+
+def test_the_default_job_learns_with_its_inference_on_another_node(cluster, tmp_path):
+    """The embedded default job (torch backends) with its inference worker on the second node
+    learns within test_default_learns's bounds (the same job in local mode)."""
+    import numpy as np
+    import yaml
+    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path}",
+                          "run.progress=false", "placement.mode=ray",
+                          f"placement.ray_address={cluster.address}",
+                          "placement.inference_resources={node_b: 1}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900, env={**os.environ, **LOOPBACK})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "records over Ray (another node)" in (tmp_path / "logs" / "supervisor.log").read_text()
+    cfg = yaml.safe_load(open(ROOT / "configs" / "default.yaml"))
+    s = steps(tmp_path)
+    assert [r["step"] for r in s] == list(range(1, cfg["run"]["total_steps"] + 1))
+    rewards = np.array([r["reward_mean"] for r in s])
+    first, last = rewards[:10].mean(), rewards[-10:].mean()
+    assert last >= 0.7 and last - first >= 0.5, (first, last)
+    assert np.mean([r["age_mean"] for r in s]) <= cfg["rollout"]["max_head_offpolicyness"]
+    assert max(r["logprob_diff_mean"] or 0.0 for r in s) < 1e-3   # the weights arrived whole
