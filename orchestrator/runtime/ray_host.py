@@ -92,14 +92,19 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
-    def start(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> int:
-        from orchestrator.runtime import inference_worker
+    def prepare(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> WorkerSpec:
+        """The spec the worker starts with: any previous worker stopped and its objects freed;
+        bridged, this node's objects made (`scripts/bench_placement.py` drives them without a
+        worker)."""
         self._stop_worker()
         self._free()
         spec = dataclasses.replace(spec, parent_pid=os.getpid(),
                                    devices=tuple(str(int(g)) for g in _gpu_ids()))
-        if self.bridged:
-            spec = self._own_objects(spec, sizes, weight_nbytes)
+        return self._own_objects(spec, sizes, weight_nbytes) if self.bridged else spec
+
+    def start(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> int:
+        from orchestrator.runtime import inference_worker
+        spec = self.prepare(spec, sizes, weight_nbytes)
         self.proc = mp.get_context("spawn").Process(
             target=inference_worker.main, args=(spec,), daemon=False,
             name=f"arl-inference{spec.index}g{spec.gen}")

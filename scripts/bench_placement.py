@@ -1,0 +1,181 @@
+"""The Ray path of `placement.mode: ray` against shared memory, measured in the same run.
+
+    python scripts/bench_placement.py [--record-kb 64,1024] [--records 400] [--weights-mb 16,128]
+                                      [--rounds 3] [--address HOST:PORT]
+
+Without `--address` it starts a cluster of its own on this machine (`ray.cluster_utils.Cluster`: a
+head and a node with the custom resource `node_b`, bound to 127.0.0.1), so the host actor sits in
+another raylet and every byte crosses Ray as it would between machines (but over loopback, so the
+figure is Ray's overhead, not a network's). Two tables, medians and the min-max spread over rounds:
+
+- rollouts: N records of K KiB from the rollout ring of an inference worker on node_b to the
+  supervisor: a producer on node_b puts them into the ring its `WorkerHost` made (as the worker
+  does), the driver pulls them with `exchange` calls and unwraps their frames (sequence and CRC-32
+  checked), as `HostedWorker`'s pump does. Baseline: the same records through one shared-memory
+  `Ring` from a producer process to this process (local mode). Figures: records/s, MB/s, ratio.
+- weights: a published version of M MB to the node's weight buffer, as the pump sends it: put into
+  Ray's object store, then one `exchange` whose host writes it into its node's buffer. Baseline: a
+  memcpy of the same bytes between two numpy arrays. Figures: ms per version, ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a driver of a 127.0.0.1 cluster
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from orchestrator.runtime.ray_host import Frames, WorkerHost  # noqa: E402
+from orchestrator.runtime.resources import RingSizes, RunNames  # noqa: E402
+from orchestrator.runtime.worker_base import WorkerSpec  # noqa: E402
+
+now = time.perf_counter
+STORE = 1 << 30            # each node's object store: a version of the largest weights, twice
+
+
+def _spread(xs: list) -> str:
+    return f"{statistics.median(xs):.3g} ({min(xs):.3g}-{max(xs):.3g})"
+
+
+def shm_producer(name: str, n: int, nbytes: int) -> None:
+    from shm.ring import Ring
+    ring = Ring.attach(name)
+    data = os.urandom(nbytes)
+    for _ in range(n):
+        ring.put(data, timeout=60.0)
+    ring.close()
+
+
+def shm_round(n: int, nbytes: int) -> float:
+    """Seconds for n records of nbytes through one shm ring, producer process -> this one."""
+    from shm.ring import Ring
+    from shm.segments import segment_name
+    ring = Ring.create(segment_name(f"{os.getpid()}-bench", "ring"),
+                       max(64 << 20, 4 * Ring.record_space(nbytes)))
+    try:
+        p = mp.get_context("spawn").Process(target=shm_producer, args=(ring.name, n, nbytes))
+        p.start()
+        ring.get(timeout=60.0)               # the first record: the producer is running
+        t0 = now()
+        for _ in range(n - 1):
+            ring.get(timeout=60.0)
+        took = now() - t0
+        p.join(30)
+        return took
+    finally:
+        ring.close()
+        ring.unlink()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record-kb", default="64,1024")
+    ap.add_argument("--records", type=int, default=400)
+    ap.add_argument("--weights-mb", default="16,128")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--address", default=None)
+    args = ap.parse_args()
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    cluster = None
+    if args.address is None:
+        from ray.cluster_utils import Cluster
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1",
+            "object_store_memory": STORE})
+        cluster.add_node(num_cpus=2, resources={"node_b": 2}, node_ip_address="127.0.0.1",
+                         object_store_memory=STORE)
+        cluster.wait_for_nodes()
+        args.address = cluster.address
+    ray.init(address=args.address, log_to_driver=False, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        node_b = next(n["NodeID"] for n in ray.nodes()
+                      if n.get("Alive") and n["Resources"].get("node_b"))
+        there = NodeAffinitySchedulingStrategy(node_b, soft=False)
+        kbs = [int(x) for x in args.record_kb.split(",") if x]
+        mbs = [int(x) for x in args.weights_mb.split(",") if x]
+        biggest = max([k << 10 for k in kbs] + [1])
+        sizes = RingSizes(out=max(64 << 20, 8 * (biggest + 64)))
+        nbytes = max([m << 20 for m in mbs] + [8])
+        host = ray.remote(WorkerHost).options(scheduling_strategy=there, num_cpus=1).remote(True)
+        spec = WorkerSpec("inference", 0, RunNames("bench", 1), {}, os.getpid(), str(ROOT))
+        spec = ray.get(host.prepare.remote(spec, sizes, nbytes), timeout=120)
+
+        @ray.remote(num_cpus=1)
+        def produce(ring_name: str, bell_name: str, n: int, size: int) -> None:
+            from shm.ring import Ring
+            from orchestrator.wire import Bell
+            ring, bell = Ring.attach(ring_name), Bell.attach(bell_name)
+            data = os.urandom(size)
+            for _ in range(n):
+                ring.put(data, timeout=60.0)
+                bell.ring()
+            ring.close()
+            bell.close()
+
+        print("rollouts: N records of K KiB, node_b -> the supervisor; median (min-max) over rounds")
+        print("| K KiB | Ray path records/s | MB/s | shm ring records/s | MB/s | Ray / shm |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        frames_got = Frames("rollouts from the host")
+        for kb in kbs:
+            size, n = kb << 10, args.records
+            ray_s, shm_s = [], []
+            for _ in range(args.rounds):
+                done = produce.options(scheduling_strategy=there).remote(
+                    spec.names.out(0, 0), spec.names.bell, n, size)
+                got, t0 = 0, None
+                while got < n:
+                    reply = ray.get(host.exchange.remote([], -1, None, 0.05), timeout=60)
+                    for f in reply["out"]:
+                        frames_got.unwrap(f)
+                        got += 1
+                        if t0 is None:          # timed from the first record, as the shm round
+                            t0 = now()
+                ray_s.append(now() - t0)
+                ray.get(done, timeout=60)
+                shm_s.append(shm_round(n, size))
+            rates = [(n - 1) / s for s in ray_s]
+            base = [(n - 1) / s for s in shm_s]
+            mb = lambda r: [x * size / 1e6 for x in r]   # noqa: E731
+            print(f"| {kb} | {_spread(rates)} | {_spread(mb(rates))} | {_spread(base)} | "
+                  f"{_spread(mb(base))} | {_spread([a / b for a, b in zip(rates, base)])} |")
+
+        print("\nweights: one version of M MB into node_b's weight buffer vs a memcpy of the bytes")
+        print("| M MB | Ray path ms | memcpy ms | Ray / memcpy |")
+        print("| --- | --- | --- | --- |")
+        for mb_ in mbs:
+            size = mb_ << 20
+            src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+            dst = np.empty_like(src)
+            ray_ms, copy_ms = [], []
+            for r in range(args.rounds):
+                src[:8] = r                   # a version's fresh bytes
+                t0 = now()
+                ref = ray.put(src)
+                ray.get(host.exchange.remote([], r + 1, ref, 0.0), timeout=120)
+                ray_ms.append((now() - t0) * 1e3)
+                del ref
+                t0 = now()
+                np.copyto(dst, src)
+                copy_ms.append((now() - t0) * 1e3)
+            print(f"| {mb_} | {_spread(ray_ms)} | {_spread(copy_ms)} | "
+                  f"{_spread([a / b for a, b in zip(ray_ms, copy_ms)])} |")
+        ray.get(host.close.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
