@@ -182,29 +182,15 @@ class Supervisor:
         return worker_name(role, i, self.cfg.actor.world_size)
 
     def _ranks_failed(self, fatal: Optional[WorkerFatal] = None) -> RunFailed:
-        """Trainer ranks fail together (once one dies, the others' collectives fail): wait up to
-        rank_failures.SETTLE_S for every rank to report or exit, then name the cause (ranks killed
-        for silence first, else rank_failures.cause)."""
-        res, world = self.loop.res, self.cfg.actor.world_size
-        rings = [res.trainer_ctl] + res.rank_ctl
-        errors = {fatal.index: fatal.error} if fatal is not None else {}
-        deadline = time.monotonic() + rank_failures.SETTLE_S
-        while True:
-            for r, ring in enumerate(rings):
-                while (msg := recv(ring, 0.0)) is not None:
-                    if isinstance(msg, messages.Fatal):
-                        errors.setdefault(r, msg.error)
-            procs = {r: self.procs.get(("trainer", r)) for r in range(world)}
-            if time.monotonic() > deadline or all(r in errors or p is None or p.exitcode is not None
-                                                  for r, p in procs.items()):
-                break
-            time.sleep(0.05)
-        tail = f"; the last checkpoint stays valid (resume with run.resume=auto); see " \
-               f"{self.run_dir}/logs/trainer<rank>.log"
-        dead = {r: (p.pid, p.exitcode) for r, p in procs.items()
-                if p is not None and p.exitcode is not None}
+        """Trainer ranks fail together (once one dies, the others' collectives fail): every rank's
+        report or exit is waited for (`rank_failures.settle`), then the cause named (ranks killed
+        for silence first, else `rank_failures.cause`)."""
+        res = self.loop.res
+        procs = {r: self.procs.get(("trainer", r)) for r in range(self.cfg.actor.world_size)}
+        errors, dead = rank_failures.settle([res.trainer_ctl] + res.rank_ctl, procs, fatal)
         head = self._rank_hang or rank_failures.cause(errors, dead, fatal.index if fatal else None)
-        return RunFailed(head + tail)
+        return RunFailed(f"{head}; the last checkpoint stays valid (resume with run.resume=auto); "
+                         f"see {self.run_dir}/logs/trainer<rank>.log")
 
     def _check_heartbeats(self) -> None:
         """Kill a ready worker past its progress or liveness deadline (`liveness.overdue`);
@@ -225,16 +211,10 @@ class Supervisor:
             p.join(2.0)
 
     def _ranks_hung(self, silent: dict) -> None:
-        """Trainer ranks went silent (key -> `liveness.Overdue`): name them
-        (rank_failures.hang_message) and kill every rank, so none is left waiting on a collective."""
-        stopped = [k[1] for k in silent if rank_failures.proc_state(self.procs[k].pid) == "T"]
-        self._rank_hang = rank_failures.hang_message({k[1]: v for k, v in silent.items()}, stopped)
+        """Trainer ranks went silent (key -> `liveness.Overdue`): named, and every rank killed."""
+        ranks = {r: p for (role, r), p in self.procs.items() if role == "trainer"}
+        self._rank_hang = rank_failures.kill_hung(ranks, {k[1]: v for k, v in silent.items()})
         log.error("%s", self._rank_hang)
-        ranks = [p for (role, _), p in self.procs.items() if role == "trainer"]
-        for p in ranks:
-            p.kill()
-        for p in ranks:
-            p.join(2.0)
 
     def _fresh_rings(self, i: int) -> WorkerSpec:
         """Event thread: give worker i fresh rings (the old ones may hold a torn record) and return
