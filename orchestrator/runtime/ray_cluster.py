@@ -72,9 +72,9 @@ class RayCluster:
         self.res = None                            # the run's shm objects, set before `start`
         self.pg = None
         self.driver_node = ""
-        self.hosts: dict[int, tuple] = {}          # worker index -> (actor, bridged)
+        self.hosts: dict[int, tuple] = {}          # worker index -> (actor, bridged, node id)
         self.workers: list["HostedWorker"] = []
-        self._weights: dict[int, object] = {}      # version -> ObjectRef, shared by the pumps
+        self._weights: dict[int, object] = {}      # the latest version -> its ObjectRef (pumps share it)
         self._weights_lock = threading.Lock()
         self._actor_cls = None
 

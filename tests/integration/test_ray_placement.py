@@ -98,6 +98,18 @@ def test_workers_on_another_node_keep_every_promise(cluster, tmp_path):
     assert _gone(worker_pids(tmp_path).values(), 10) and _hosts() == []
 
 
+def test_a_worker_on_the_driver_s_node_keeps_the_shm_rings(cluster, tmp_path):
+    out = _run(cluster, tmp_path, "run.total_steps=20", "inference.num_workers=1",
+               "placement.inference_resources={head: 1}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "logs" / "supervisor.log").read_text()
+    assert "inference worker 0: bundle 0 on node" in log and "shm rings (the driver's node)" in log
+    assert "records over Ray" not in log
+    audit = _audit(tmp_path)
+    assert audit["ok"], audit["failures"]
+    assert _gone(worker_pids(tmp_path).values(), 10) and _hosts() == []
+
+
 def test_a_killed_remote_worker_is_restarted_and_nothing_is_lost(cluster, tmp_path):
     proc = _start(cluster, tmp_path, "run.total_steps=40", *SLOW)
     wait_for_step(proc, tmp_path, 5, timeout=120)
