@@ -161,6 +161,8 @@ class Supervisor:
                 extra = "" if startup else "; the last checkpoint stays valid (resume with run.resume=auto)"
                 raise RunFailed(f"{self._name(role, i)} (pid {p.pid}) died with exit code "
                                 f"{p.exitcode}{extra}; {where}")
+            if getattr(p, "error", ""):       # a Ray-hosted worker: e.g. its node was lost
+                where = f"{p.error}; {where}"
             if p.exitcode == ENV_HUNG_EXIT:
                 where = f"its environment hung (task.env_on_hang=restart): {where}"
             if self.cfg.inference.on_worker_death == "fail" or self.restarts >= self.cfg.inference.max_restarts:

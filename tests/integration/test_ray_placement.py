@@ -229,13 +229,17 @@ def test_a_lost_node_s_worker_restarts_on_the_remaining_node(cluster, tmp_path):
                 cluster.remove_node(n)
 
 
-def test_a_lost_node_with_no_room_elsewhere_fails_the_run_naming_it(cluster, tmp_path):
+@pytest.mark.parametrize("death, named", [
+    ("restart", "placement.ray_timeout_s=10"),          # no bundle placed again in time
+    ("fail", "inference.on_worker_death=fail"),          # the worker's death fails the run
+])
+def test_a_lost_node_with_no_room_elsewhere_fails_the_run_naming_it(cluster, tmp_path, death, named):
     solo = cluster.add_node(num_cpus=1, resources={"solo": 1}, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()
     try:
         proc = _start(cluster, tmp_path, "run.total_steps=100000", "inference.num_workers=1",
                       "placement.inference_resources={solo: 1}", "placement.ray_timeout_s=10",
-                      *SLOW)
+                      f"inference.on_worker_death={death}", *SLOW)
         wait_for_step(proc, tmp_path, 3, timeout=120)
         workers = list(worker_pids(tmp_path).values())
         _, short = _node_of_worker(cluster, tmp_path, 0)
@@ -243,7 +247,7 @@ def test_a_lost_node_with_no_room_elsewhere_fails_the_run_naming_it(cluster, tmp
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 1, err[-3000:]
         lines = [line for line in err.splitlines() if line.startswith("error")]
-        assert len(lines) == 1 and short in lines[0] and "placement.ray_timeout_s=10" in lines[0], err
+        assert len(lines) == 1 and short in lines[0] and named in lines[0], err
         assert _gone(workers, 10) and _hosts() == []
     finally:
         if solo in cluster.worker_nodes:
