@@ -198,3 +198,29 @@ def test_an_adapter_rank_vllm_cannot_serve_is_exit_2(tmp_path):
     assert out.returncode == 2, out.stderr[-3000:]
     assert "vLLM serves adapters of rank <= 512; actor.lora.rank is 1024" in out.stderr
     assert not run_dir.exists() or not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_model_vllm_serves_no_lora_for_is_exit_2(tmp_path):
+    """vLLM's StableLM has no LoRA support: the inference worker's engine refuses it, and the run
+    is exit 2 with one line naming the key (as a published name vLLM would drop is)."""
+    from transformers import AutoTokenizer, StableLmConfig, StableLmForCausalLM
+
+    from tests.hf_model import build_hf_model_dir
+
+    model = build_hf_model_dir(tmp_path / "stablelm", hidden_size=64, heads=HEADS)
+    tok = AutoTokenizer.from_pretrained(model)
+    StableLmForCausalLM(StableLmConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    ).save_pretrained(model)                   # its config and weights replace the Llama's
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path / 'run'}",
+         "run.progress=false", "inference.backend=vllm", "actor.backend=torch", f"model.path={model}",
+         "actor.lora.rank=8", "actor.lora.target_modules=[q_proj,v_proj]", "inference.vllm.lora=true",
+         "run.total_steps=2", "eval.every_steps=0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = next(x for x in out.stderr.splitlines() if "inference.vllm.lora: vllm" in x)
+    assert "cannot serve LoRA adapters" in line and "does not support LoRA yet" in line, line
+    assert "Traceback" not in out.stderr
