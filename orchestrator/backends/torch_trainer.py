@@ -48,7 +48,8 @@ Contract (TrainerBackend of base.py):
   inference loads it as it loads full weights. `adapter_only` (inference.vllm.lora): the flat
   layout is the adapters' own (`lora.adapter_layout`) and what is published is A and B of each
   target layer, gathered on every rank (a collective under FSDP2; they are small) and written by
-  rank 0 alone. Checkpoints hold `adapter/` (a peft adapter
+  rank 0 alone (`write_adapters(out)` into a buffer of `adapter_layout`; every LoRA trainer has
+  both, so the bench compares the two publishes). Checkpoints hold `adapter/` (a peft adapter
   directory) instead of `hf/`, the adapters' optimizer state only, and `lora` (the base's path and
   weights hash, rank, alpha, targets): `load` refuses another base (naming both), other adapter
   shapes, and a full fine-tune's checkpoint (or a LoRA one without `actor.lora`).
@@ -185,8 +186,9 @@ class TorchTrainer:
             self.base = {"path": model_cfg.path, "hash": weights_hash(module),
                          **lora.signature(actor_cfg.lora)}
             self.peft = lora.wrap(module, actor_cfg.lora, seed, model_cfg.path)
+            self.adapter_layout = lora.adapter_layout(self.peft)
             if adapter_only:                            # only A and B travel (inference.vllm.lora)
-                self.layout = lora.adapter_layout(self.peft)
+                self.layout = self.adapter_layout
         elif adapter_only:
             raise ValueError("adapter-only publishing (inference.vllm.lora) needs actor.lora")
         self.adapter_only = adapter_only
@@ -449,20 +451,21 @@ class TorchTrainer:
         from orchestrator.backends.lora import MergedSource
         return MergedSource(self.module, self.layout, gather)
 
-    def _write_adapters(self, out) -> None:
-        """Adapter-only: the adapters gathered on every rank (a collective under fsdp; they are
-        small), written by rank 0 alone into `out` (the adapter layout's flat buffer)."""
+    def write_adapters(self, out) -> None:
+        """The adapter-only publish (LoRA): the adapters gathered on every rank (a collective under
+        fsdp; they are small), written by rank 0 alone into `out` (a flat buffer of
+        `adapter_layout`: bytes-like, or a uint8 tensor; other ranks' `out` is not written)."""
         from orchestrator.backends.lora import adapter_tensors, write_flat_adapter
 
         tensors = adapter_tensors(self.peft, full=True)
         if self.rank == 0:
-            write_flat_adapter(tensors, self.layout, out)
+            write_flat_adapter(tensors, self.adapter_layout, out)
 
     def write_weights(self, out: memoryview) -> None:
         """This rank's part of the flat weights (sharding.shard_writes): all of them on one rank.
         With LoRA the merged weights, in the base model's layout; adapter-only, the adapters."""
         if self.adapter_only:
-            return self._write_adapters(out)
+            return self.write_adapters(out)
         writes = sharding.shard_writes(self.model, self.layout, self.rank, self.world, self.strategy,
                                        self._merged(gather=False))
         sharding.write_shards(writes, flat_views(out, self.layout.nbytes))
@@ -471,7 +474,7 @@ class TorchTrainer:
         """CUDA IPC path: the full flat weights into rank 0's uint8 buffer on its device; with
         ranks every rank calls it (parameters are gathered) and the others pass None."""
         if self.adapter_only:
-            return self._write_adapters(out)
+            return self.write_adapters(out)
         write_flat_tensor(self.module, out, self.layout, self._merged(gather=True))
 
     # ------------------------------------------------------------------ checkpoints
