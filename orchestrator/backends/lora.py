@@ -23,7 +23,8 @@ Contract (issue #25; `actor.lora` of orchestrator.config):
   `adapter_tensors`' keys, full shapes, peft's order; `adapter_spec(cfg)`: that layout and the peft
   config from the run config's model on the meta device, for inference and the buffer's size).
   `write_flat_adapter(tensors, layout, out)` writes `adapter_tensors` into a flat buffer (bytes-like
-  or a uint8 tensor; names checked both ways), `adapter_from_flat(layout, flat)` views them back
+  or a uint8 tensor; names checked both ways; `gathered_adapters(peft_model)`: them on rank 0 of
+  sharded ranks), `adapter_from_flat(layout, flat)` views them back
   (no copy) for `write_adapter`.
 - `export_merged(trainer_dir, config, out)`: a LoRA checkpoint's merged HF model (what
   `python -m orchestrator.export` writes for a LoRA run), its base checked against the saved hash.
@@ -135,6 +136,32 @@ def adapter_tensors(peft_model, full: bool = True) -> dict[str, torch.Tensor]:
             state[SAVED_PREFIX + name] = t.to("cpu", copy=True)
     return get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER,
                                      save_embedding_layers=False)
+
+
+def gathered_adapters(peft_model) -> dict[str, torch.Tensor] | None:
+    """`adapter_tensors` (full) on rank 0, None on other ranks of a sharded model; every rank
+    calls it. Under FSDP2 on CPU (each adapter a DTensor sharded on dim 0 of a 1-D mesh) each
+    rank's rows go to rank 0 in one `gather_object` and are concatenated in rank order: one
+    collective, not one per adapter; otherwise each adapter's `full_tensor` (on GPU, NCCL's
+    all-gathers are fast)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard
+
+    module = peft_model.base_model.model
+    sharded = [p for p in module.parameters() if p.requires_grad and hasattr(p, "device_mesh")]
+    if not sharded:
+        return adapter_tensors(peft_model, full=False)
+    mesh = sharded[0].device_mesh
+    if mesh.device_type != "cpu" or mesh.ndim != 1 or any(
+            p.device_mesh != mesh or tuple(p.placements) != (Shard(0),) for p in sharded):
+        full = adapter_tensors(peft_model, full=True)
+        return full if dist.get_rank() == 0 else None
+    local = adapter_tensors(peft_model, full=False)
+    parts = [None] * mesh.size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0, group=mesh.get_group())
+    if parts is None:
+        return None
+    return {name: torch.cat([part[name] for part in parts]) for name in local}
 
 
 def write_adapter(directory: str, config, tensors: dict[str, torch.Tensor]) -> None:

@@ -47,8 +47,8 @@ Contract (TrainerBackend of base.py):
   base model's, and what is published into it is base + scaling x B @ A (`lora.MergedSource`), so
   inference loads it as it loads full weights. `adapter_only` (inference.vllm.lora): the flat
   layout is the adapters' own (`lora.adapter_layout`) and what is published is A and B of each
-  target layer, gathered on every rank (a collective under FSDP2; they are small) and written by
-  rank 0 alone (`write_adapters(out)` into a buffer of `adapter_layout`; every LoRA trainer has
+  target layer, gathered onto rank 0 (one collective under FSDP2 on CPU; they are small) and
+  written by rank 0 alone (`write_adapters(out)` into a buffer of `adapter_layout`; every LoRA trainer has
   both, so the bench compares the two publishes). Checkpoints hold `adapter/` (a peft adapter
   directory) instead of `hf/`, the adapters' optimizer state only, and `lora` (the base's path and
   weights hash, rank, alpha, targets): `load` refuses another base (naming both), other adapter
@@ -452,12 +452,13 @@ class TorchTrainer:
         return MergedSource(self.module, self.layout, gather)
 
     def write_adapters(self, out) -> None:
-        """The adapter-only publish (LoRA): the adapters gathered on every rank (a collective under
-        fsdp; they are small), written by rank 0 alone into `out` (a flat buffer of
-        `adapter_layout`: bytes-like, or a uint8 tensor; other ranks' `out` is not written)."""
-        from orchestrator.backends.lora import adapter_tensors, write_flat_adapter
+        """The adapter-only publish (LoRA): the adapters gathered onto rank 0 (every rank joins;
+        under fsdp on CPU one collective, `lora.gathered_adapters`), written by rank 0 alone into
+        `out` (a flat buffer of `adapter_layout`: bytes-like, or a uint8 tensor; other ranks'
+        `out` is not written)."""
+        from orchestrator.backends.lora import gathered_adapters, write_flat_adapter
 
-        tensors = adapter_tensors(self.peft, full=True)
+        tensors = gathered_adapters(self.peft)
         if self.rank == 0:
             write_flat_adapter(tensors, self.adapter_layout, out)
 

@@ -159,6 +159,23 @@ def test_swap_without_kv_recompute_still_stamps_versions(backend):
     assert np.abs(new.compute_logprobs(fresh)[fm] - fresh.logprobs[fm]).max() < TOL
 
 
+def test_tensor_parallel_ranks_serve_the_adapter(backend):
+    """inference.vllm.tensor_parallel_size=2: the swap reaches both vLLM rank processes (each reads
+    the peft directory and takes its shard), and the engine then samples from the trained adapters."""
+    cfg = _cfg()
+    cfg.inference.vllm.tensor_parallel_size = 2
+    inf = backend(cfg)
+    assert not inf.loads_shared          # the worker reads the adapters; the ranks read the directory
+    tr = _trainer()
+    task = DigitTask(cfg.task.name, 0)
+    _train(inf, tr, task)
+    inf.load_weights(1, _publish(tr))
+    batch = concat(_run(inf, _requests(task, 100, 4, 8)), kind=2, ident=1, version=1)
+    mask = batch.loss_mask.astype(bool)
+    assert np.all(batch.versions[mask] == 1)
+    assert np.abs(tr.compute_logprobs(batch)[mask] - batch.logprobs[mask]).max() < TOL
+
+
 def _launch(run_dir, *args, timeout=600):
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}", "run.progress=false",
