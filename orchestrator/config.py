@@ -189,6 +189,11 @@ class VllmConfig(_Section):
                                     "the worker's share of inference.devices (set it equal to that share), "
                                     "on CPU that many vLLM worker processes, each with "
                                     "inference.threads_per_worker threads")
+    lora: bool = Field(
+        False, description="adapter-only weights (actor.lora with inference.backend=vllm): the trainer "
+                           "publishes only the LoRA adapters (A and B of each target layer) and the "
+                           "engine serves them as a LoRA adapter swapped in between engine steps; "
+                           "false: the merged weights (base + B x A) as full weights")
 
 
 class InferenceConfig(_Section):
@@ -874,6 +879,11 @@ class Config(_Section):
                 raise ValueError(f"actor.lora.target_modules names {unknown}, not layers of the "
                                  f"built-in model (its layers: {', '.join(TINY_LINEAR)}; or "
                                  f"all-linear)")
+        if inf.vllm.lora and (lora is None or inf.backend != "vllm"):
+            need = " and ".join(n for n, miss in (("actor.lora", lora is None),
+                                                 ("inference.backend=vllm", inf.backend != "vllm")) if miss)
+            raise ValueError(f"inference.vllm.lora=true needs {need} (only adapters travel, to a vLLM "
+                             f"engine serving them as a LoRA adapter)")
         if self.actor.backend == "sim" and self.actor.device != "cpu":
             raise ValueError(f"actor.device={self.actor.device!r} with actor.backend sim: the sim "
                              f"trainer uses no device (actor.device must be 'cpu')")

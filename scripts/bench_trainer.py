@@ -17,7 +17,11 @@ frozen reference (`actor.kl_ctl`, #24): its "vs 1 pass" column is the reference 
 (tokens/s with it over tokens/s without). `--lora RANK` adds a one-pass case training LoRA adapters
 of that rank on every linear layer (#25): "vs 1 pass" is its tokens/s over full fine-tuning's, and
 the "peak MB" column (every case) is rank 0's peak memory: its RSS on CPU (the process's high-water
-mark: model, optimizer state, activations), `torch.cuda.max_memory_allocated` on a GPU.
+mark: model, optimizer state, activations), `torch.cuda.max_memory_allocated` on a GPU. The LoRA case
+also times, every round, the adapter-only publish (`inference.vllm.lora`: A and B alone, gathered and
+written by rank 0 into a WeightBuffer of their size, `TorchTrainer.write_adapters`) beside the merged
+one (base + B x A into the full layout), and prints both publishes' bytes and ms (median, min-max
+over rounds) and the merged / adapter-only ratios.
 `--json OUT` writes every row to OUT.
 CPU ranks each get `--threads` intra-op threads, so N ranks use N x threads cores.
 """
@@ -56,7 +60,7 @@ def _batch(seed: int, n: int, mean_len: int, vocab: int):
                      advantages=rng.standard_normal(n).astype(np.float32), scalars=np.zeros(0))
 
 
-def _rank(rank, world, port, args, case, wname, out):
+def _rank(rank, world, port, args, case, wname, aname, out):
     import torch
     from orchestrator.backends.sharding import RankGroup
     from orchestrator.runtime.rank_failures import rendezvous_env
@@ -85,6 +89,8 @@ def _rank(rank, world, port, args, case, wname, out):
     tokens = sum(b.T for b in batches[1:])
     wbuf = WeightBuffer.attach(wname)
     nbytes = tr.weight_nbytes()
+    abuf = WeightBuffer.attach(aname) if aname else None       # LoRA: the adapter-only publish
+    anbytes = tr.adapter_layout.nbytes if abuf is not None else 0
     src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
     rounds = []
     for r in range(args.rounds + 1):
@@ -107,8 +113,15 @@ def _rank(rank, world, port, args, case, wname, out):
         t0 = time.perf_counter()
         np.copyto(dst, src)
         copy_s = time.perf_counter() - t0
+        adapter_s = float("nan")
+        if abuf is not None:
+            if group:
+                group.barrier()
+            t0 = time.perf_counter()
+            publish_together(abuf, tr.write_adapters, group, anbytes, r)
+            adapter_s = time.perf_counter() - t0
         if r:                                            # round 0 is a warm-up
-            rounds.append((tokens / train_s, publish_s, copy_s))
+            rounds.append((tokens / train_s, publish_s, copy_s, adapter_s, anbytes, nbytes))
     if rank == 0:
         params = sum(s.numel for s in tr.layout.slots)     # the full model, sharded or not
         if device.type == "cuda":
@@ -116,8 +129,10 @@ def _rank(rank, world, port, args, case, wname, out):
         else:
             import resource
             peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024    # KiB on Linux
-        np.save(out, np.array([[*x, params, peak_mb] for x in rounds]))
+        np.save(out, np.array([[*x[:3], params, peak_mb, *x[3:]] for x in rounds]))
     wbuf.close()
+    if abuf is not None:
+        abuf.close()
     tr.close()
 
 
@@ -131,21 +146,40 @@ def run_case(args, world: int, case: dict, tmp: str):
 
     mc = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                      max_seq_len=8 * args.mean_len)
-    nbytes = flat_layout(build_model(mc, len(build_tokenizer()), 0)).nbytes
+    model = build_model(mc, len(build_tokenizer()), 0)
+    nbytes = flat_layout(model).nbytes
     wname = f"arl_benchtr{os.getpid()}_{world}"
-    wbuf = WeightBuffer.create(wname, nbytes)
+    bufs = [WeightBuffer.create(wname, nbytes)]
+    aname = None
+    if case.get("lora"):                   # the adapters' own buffer: the adapter-only publish
+        from orchestrator.backends import lora
+        from orchestrator.config import LoraConfig
+        peft_model = lora.wrap(model, LoraConfig(rank=case["lora"], target_modules="all-linear"), 0)
+        aname = f"arl_benchtra{os.getpid()}_{world}"
+        bufs.append(WeightBuffer.create(aname, lora.adapter_layout(peft_model).nbytes))
     out = os.path.join(tmp, f"r{world}.npy")
     try:
-        mp.start_processes(_rank, args=(world, free_port(), args, case, wname, out), nprocs=world,
-                           start_method="spawn", join=True)
+        mp.start_processes(_rank, args=(world, free_port(), args, case, wname, aname, out),
+                           nprocs=world, start_method="spawn", join=True)
     finally:
-        wbuf.close()
-        wbuf.unlink()
+        for b in bufs:
+            b.close()
+            b.unlink()
     return np.load(out)
 
 
 def _med(xs) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
+
+
+def _publish_row(world: int, label: str, res) -> dict:
+    """A LoRA case's publishes: merged (column 1) and adapter-only (column 5), bytes and ms
+    (median, min, max over rounds), and merged / adapter-only per round (median, min, max)."""
+    return {"ranks": world, "split": label,
+            "merged_bytes": int(res[0, 7]), "adapter_bytes": int(res[0, 6]),
+            "merged_ms": _med(list(res[:, 1] * 1e3)), "adapter_ms": _med(list(res[:, 5] * 1e3)),
+            "bytes_ratio": float(res[0, 7] / res[0, 6]),
+            "time_ratio": _med(list(res[:, 1] / res[:, 5]))}
 
 
 def main(argv=None) -> int:
@@ -185,6 +219,7 @@ def main(argv=None) -> int:
           + (f" {'MFU':>6s}" if peak else ""))
     base: dict = {}
     rows = []
+    publishes = []
     with tempfile.TemporaryDirectory(prefix="arl-bench-trainer-") as tmp:
         for world in (int(x) for x in args.ranks.split(",")):
             for label, case in cases.items():
@@ -209,6 +244,17 @@ def main(argv=None) -> int:
                 print(f"{world:5d} {label:>12s} {tps:9.0f} {f'({lo:.0f}-{hi:.0f})':>17s} "
                       f"{tps / world:9.0f} {one} {tps / first:9.2f} {vs_pad} {pub:15.2f} "
                       f"{res[:, 4].max():8.0f}{mfu}")
+                if case.get("lora"):
+                    publishes.append(_publish_row(world, label, res))
+                    rows[-1]["publish"] = publishes[-1]
+    for p in publishes:
+        print(f"\npublish, {p['ranks']} rank(s), {p['split']}: {'bytes':>10s} {'ms':>8s} {'(min-max)':>17s}")
+        for kind in ("merged", "adapter"):
+            ms, lo, hi = p[f"{kind}_ms"]
+            print(f"  {kind if kind == 'merged' else 'adapter-only':>12s}: {p[f'{kind}_bytes']:10d} "
+                  f"{ms:8.3f} {f'({lo:.3f}-{hi:.3f})':>17s}")
+        print(f"  {'merged / adapter-only':>21s}: {p['bytes_ratio']:.1f}x the bytes, "
+              f"{p['time_ratio'][0]:.1f}x the time (min-max {p['time_ratio'][1]:.1f}-{p['time_ratio'][2]:.1f})")
     if args.json:
         meta = {"device": args.device, "device_name": name if args.device == "cuda" else "cpu",
                 "peak_bf16": peak, "dtype": "bfloat16" if args.device == "cuda" else "float32",

@@ -49,5 +49,6 @@ def build_trainer(cfg: Config):
             group = RankGroup.from_env(cfg.actor, device)
         return TorchTrainer(cfg.model, cfg.actor, cfg.task, seed=cfg.run.seed, device=device,
                             temperature=cfg.rollout.temperature, total_steps=cfg.run.total_steps,
-                            group=group, algo=cfg.algo)
+                            group=group, algo=cfg.algo,
+                            adapter_only=cfg.inference.backend == "vllm" and cfg.inference.vllm.lora)
     raise ValueError(f"unknown actor.backend {cfg.actor.backend!r}")

@@ -18,11 +18,20 @@ Contract (issue #25; `actor.lora` of orchestrator.config):
   what `peft.PeftModel.from_pretrained(base, dir)` loads): `adapter_tensors(module, full)` -> the
   adapter parameters by peft's saved names (a CPU copy); `write_adapter(dir, config, tensors)`;
   `read_adapter(dir)`; `load_adapter(module, tensors)` copies them in (names checked both ways).
+- Adapter-only publish (`inference.vllm.lora`): the weight buffer carries the adapters alone, in a
+  flat layout of their own (`adapter_layout(peft_model)`: peft's saved names, i.e.
+  `adapter_tensors`' keys, full shapes, peft's order; `adapter_spec(cfg)`: that layout and the peft
+  config from the run config's model on the meta device, for inference and the buffer's size).
+  `write_flat_adapter(tensors, layout, out)` writes `adapter_tensors` into a flat buffer (bytes-like
+  or a uint8 tensor; names checked both ways; `gathered_adapters(peft_model)`: them on rank 0 of
+  sharded ranks), `adapter_from_flat(layout, flat)` views them back
+  (no copy) for `write_adapter`.
 - `export_merged(trainer_dir, config, out)`: a LoRA checkpoint's merged HF model (what
   `python -m orchestrator.export` writes for a LoRA run), its base checked against the saved hash.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import warnings
@@ -125,7 +134,34 @@ def adapter_tensors(peft_model, full: bool = True) -> dict[str, torch.Tensor]:
         if p.requires_grad:
             t = _full(p.detach()) if full else _local(p.detach())
             state[SAVED_PREFIX + name] = t.to("cpu", copy=True)
-    return get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER)
+    return get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER,
+                                     save_embedding_layers=False)
+
+
+def gathered_adapters(peft_model) -> dict[str, torch.Tensor] | None:
+    """`adapter_tensors` (full) on rank 0, None on other ranks of a sharded model; every rank
+    calls it. Under FSDP2 on CPU (each adapter a DTensor sharded on dim 0 of a 1-D mesh) each
+    rank's rows go to rank 0 in one `gather_object` and are concatenated in rank order: one
+    collective, not one per adapter; otherwise each adapter's `full_tensor` (on GPU, NCCL's
+    all-gathers are fast)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard
+
+    module = peft_model.base_model.model
+    sharded = [p for p in module.parameters() if p.requires_grad and hasattr(p, "device_mesh")]
+    if not sharded:
+        return adapter_tensors(peft_model, full=False)
+    mesh = sharded[0].device_mesh
+    if mesh.device_type != "cpu" or mesh.ndim != 1 or any(
+            p.device_mesh != mesh or tuple(p.placements) != (Shard(0),) for p in sharded):
+        full = adapter_tensors(peft_model, full=True)
+        return full if dist.get_rank() == 0 else None
+    local = adapter_tensors(peft_model, full=False)
+    parts = [None] * mesh.size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0, group=mesh.get_group())
+    if parts is None:
+        return None
+    return {name: torch.cat([part[name] for part in parts]) for name in local}
 
 
 def write_adapter(directory: str, config, tensors: dict[str, torch.Tensor]) -> None:
@@ -160,6 +196,51 @@ def load_adapter(peft_model, tensors: dict[str, torch.Tensor]) -> None:
                          f"{extra[:3]}, missing {missing[:3]})")
     with torch.no_grad():
         set_peft_model_state_dict(peft_model, tensors, adapter_name=ADAPTER)
+
+
+def adapter_layout(peft_model):
+    """The flat layout of the adapter-only publish: `adapter_tensors`' names (peft's saved ones) and
+    full shapes (a sharded parameter's global shape), in peft's order."""
+    from peft import get_peft_model_state_dict
+
+    from orchestrator.backends.model import layout_of
+
+    module = peft_model.base_model.model
+    state = {SAVED_PREFIX + n: p for n, p in module.named_parameters() if p.requires_grad}
+    return layout_of(get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER,
+                                               save_embedding_layers=False).items())
+
+
+def adapter_spec(cfg):
+    """(peft LoraConfig, adapter layout) of a run config's adapters (`actor.lora` on `model`), from
+    the model on the meta device: no weights read, no parameter memory. The config is the one the
+    trainer's adapters have (its target modules resolved to the layers peft found)."""
+    from orchestrator.backends.model import meta_model
+
+    peft_model = wrap(meta_model(cfg), cfg.actor.lora, 0, cfg.model.path)
+    return copy.deepcopy(peft_model.peft_config[ADAPTER]), adapter_layout(peft_model)
+
+
+def write_flat_adapter(tensors: dict[str, torch.Tensor], layout, out) -> None:
+    """`tensors` (`adapter_tensors`) into `out`, a flat buffer of `layout` (writable bytes-like, or
+    a uint8 tensor on any device); their names must be exactly the layout's."""
+    from orchestrator.backends.model import slot_views
+
+    names = {s.name for s in layout.slots}
+    if set(tensors) != names:
+        extra, missing = sorted(set(tensors) - names), sorted(names - set(tensors))
+        raise ValueError(f"the adapters do not match the published layout (unexpected {extra[:3]}, "
+                         f"missing {missing[:3]})")
+    with torch.no_grad():
+        for s, view in slot_views(layout, out):
+            view.copy_(tensors[s.name].reshape(s.shape))
+
+
+def adapter_from_flat(layout, flat) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a flat buffer of `layout`, by name: views into it, no copy."""
+    from orchestrator.backends.model import slot_views
+
+    return {s.name: t for s, t in slot_views(layout, flat)}
 
 
 def signature(lora_cfg) -> dict:

@@ -15,7 +15,8 @@ Contract (the built-in tokenizer is `orchestrator.data.tokens.build_tokenizer`):
   tied embeddings stored once, also from a copied or gathered `state_dict`: `tied_aliases`),
   without progress bars: a directory transformers and vLLM load as is.
 - `weight_nbytes_for(cfg)`: the flat size for a run config, from a model built on the meta device
-  (no parameter memory, no weights read).
+  (`meta_model(cfg)`: no parameter memory, no weights read). `layout_of(named)`: the same layout
+  over any (name, tensor) pairs (LoRA's adapter-only publish has a layout of its own).
 """
 from __future__ import annotations
 
@@ -111,19 +112,22 @@ def export_hf(model, tokenizer, out: str, state_dict: Optional[dict] = None) -> 
         tokenizer.save_pretrained(out)
 
 
-def weight_nbytes_for(cfg) -> int:
-    """Flat weight size for a run `Config` without materialising any parameter."""
+def meta_model(cfg):
+    """The run `Config`'s model on the meta device: names, shapes and dtypes, no parameter memory."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
     mc = cfg.model
     with torch.device("meta"):
         if mc.path is not None:
             config = AutoConfig.from_pretrained(mc.path, local_files_only=True)
-            model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[mc.dtype])
-        else:
-            vocab = len(build_tokenizer(cfg.task.name))
-            model = LlamaForCausalLM(_tiny_config(mc, vocab)).to(_DTYPES[mc.dtype])
-    return flat_layout(model).nbytes
+            return AutoModelForCausalLM.from_config(config, dtype=_DTYPES[mc.dtype])
+        vocab = len(build_tokenizer(cfg.task.name))
+        return LlamaForCausalLM(_tiny_config(mc, vocab)).to(_DTYPES[mc.dtype])
+
+
+def weight_nbytes_for(cfg) -> int:
+    """Flat weight size for a run `Config` without materialising any parameter."""
+    return flat_layout(meta_model(cfg)).nbytes
 
 
 # ---------------------------------------------------------------------------------- flat weights
@@ -152,8 +156,13 @@ class FlatLayout:
 
 def flat_layout(model) -> FlatLayout:
     """Deterministic layout of every parameter (named_parameters order, shared tensors once)."""
+    return layout_of(model.named_parameters())
+
+
+def layout_of(named) -> FlatLayout:
+    """The flat layout of (name, tensor) pairs, in the order given (LoRA's adapters: their own)."""
     slots, offset = [], 0
-    for name, p in model.named_parameters():
+    for name, p in named:
         nbytes = p.numel() * p.element_size()
         slots.append(Slot(name, p.dtype, tuple(p.shape), offset, nbytes))
         offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN

@@ -45,7 +45,11 @@ Contract (TrainerBackend of base.py):
 - LoRA (`actor.lora`, orchestrator.backends.lora): peft adapters on the frozen base (sharded as
   the full model is); only the adapters take gradients and Adam state. The flat layout stays the
   base model's, and what is published into it is base + scaling x B @ A (`lora.MergedSource`), so
-  inference loads it as it loads full weights. Checkpoints hold `adapter/` (a peft adapter
+  inference loads it as it loads full weights. `adapter_only` (inference.vllm.lora): the flat
+  layout is the adapters' own (`lora.adapter_layout`) and what is published is A and B of each
+  target layer, gathered onto rank 0 (one collective under FSDP2 on CPU; they are small) and
+  written by rank 0 alone (`write_adapters(out)` into a buffer of `adapter_layout`; every LoRA trainer has
+  both, so the bench compares the two publishes). Checkpoints hold `adapter/` (a peft adapter
   directory) instead of `hf/`, the adapters' optimizer state only, and `lora` (the base's path and
   weights hash, rank, alpha, targets): `load` refuses another base (naming both), other adapter
   shapes, and a full fine-tune's checkpoint (or a LoRA one without `actor.lora`).
@@ -161,7 +165,7 @@ def _sequence_rows(t: dict):
 class TorchTrainer:
     def __init__(self, model_cfg, actor_cfg, task_cfg, seed: int, device="cpu", temperature: float = 1.0,
                  total_steps: int = 1, group: Optional[sharding.RankGroup] = None,
-                 algo: Optional[AlgoConfig] = None):
+                 algo: Optional[AlgoConfig] = None, adapter_only: bool = False):
         self.cfg = actor_cfg
         self.algo = algo if algo is not None else AlgoConfig()
         self.total_steps = total_steps
@@ -182,6 +186,12 @@ class TorchTrainer:
             self.base = {"path": model_cfg.path, "hash": weights_hash(module),
                          **lora.signature(actor_cfg.lora)}
             self.peft = lora.wrap(module, actor_cfg.lora, seed, model_cfg.path)
+            self.adapter_layout = lora.adapter_layout(self.peft)
+            if adapter_only:                            # only A and B travel (inference.vllm.lora)
+                self.layout = self.adapter_layout
+        elif adapter_only:
+            raise ValueError("adapter-only publishing (inference.vllm.lora) needs actor.lora")
+        self.adapter_only = adapter_only
         self.model = sharding.share(module.to(self.device), actor_cfg, group)
         self.module = sharding.unwrap(self.model)     # the HF model (its parameters may be shards)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
@@ -441,9 +451,22 @@ class TorchTrainer:
         from orchestrator.backends.lora import MergedSource
         return MergedSource(self.module, self.layout, gather)
 
+    def write_adapters(self, out) -> None:
+        """The adapter-only publish (LoRA): the adapters gathered onto rank 0 (every rank joins;
+        under fsdp on CPU one collective, `lora.gathered_adapters`), written by rank 0 alone into
+        `out` (a flat buffer of `adapter_layout`: bytes-like, or a uint8 tensor; other ranks'
+        `out` is not written)."""
+        from orchestrator.backends.lora import gathered_adapters, write_flat_adapter
+
+        tensors = gathered_adapters(self.peft)
+        if self.rank == 0:
+            write_flat_adapter(tensors, self.adapter_layout, out)
+
     def write_weights(self, out: memoryview) -> None:
         """This rank's part of the flat weights (sharding.shard_writes): all of them on one rank.
-        With LoRA the merged weights, in the base model's layout."""
+        With LoRA the merged weights, in the base model's layout; adapter-only, the adapters."""
+        if self.adapter_only:
+            return self.write_adapters(out)
         writes = sharding.shard_writes(self.model, self.layout, self.rank, self.world, self.strategy,
                                        self._merged(gather=False))
         sharding.write_shards(writes, flat_views(out, self.layout.nbytes))
@@ -451,6 +474,8 @@ class TorchTrainer:
     def write_weights_tensor(self, out: Optional[torch.Tensor]) -> None:
         """CUDA IPC path: the full flat weights into rank 0's uint8 buffer on its device; with
         ranks every rank calls it (parameters are gathered) and the others pass None."""
+        if self.adapter_only:
+            return self.write_adapters(out)
         write_flat_tensor(self.module, out, self.layout, self._merged(gather=True))
 
     # ------------------------------------------------------------------ checkpoints

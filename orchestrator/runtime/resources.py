@@ -13,7 +13,7 @@ rollout.group_size; a Generate message of the longest prompt) and makes every
 ring hold its largest record (the out ring OUT_RING_GROUPS of them, the request ring
 REQ_RING_PROMPTS prompts), never below the fixed minimums, so small configs get exactly those.
 `weight_nbytes(cfg)` is the weight buffer's size (the supervisor creates it with this; importing
-torch only for torch backends); `shm_need(cfg, sizes, weight_nbytes)` the /dev/shm bytes the whole
+torch only for torch backends; with inference.vllm.lora the adapters' layout, `lora.adapter_spec`); `shm_need(cfg, sizes, weight_nbytes)` the /dev/shm bytes the whole
 run takes, by part (preflight compares it with the free space).
 
 `create_resources(names, weight_nbytes, sizes, trainer_ranks) -> Resources` creates them all (the
@@ -98,6 +98,9 @@ def weight_nbytes(cfg) -> int:
         return GPU_WEIGHT_BYTES
     if cfg.actor.backend == "sim":
         return cfg.actor.sim.weight_bytes
+    if cfg.inference.backend == "vllm" and cfg.inference.vllm.lora:   # the adapters alone
+        from orchestrator.backends.lora import adapter_spec
+        return adapter_spec(cfg)[1].nbytes
     if cfg.model.path is None:         # the built-in model: sized from its config, no torch import
         from orchestrator.backends.tiny_size import tiny_weight_nbytes
         from orchestrator.data.tokens import VOCAB

@@ -10,7 +10,9 @@ or load is a collective checkpoint. Rank 0 alone reports (StepDone, CheckpointSa
 batch comes, rank 0 broadcasts a tick every `BATCH_WAIT_S` so every rank's heartbeat moves: a rank
 that is stopped or hung goes silent and the supervisor's progress deadline fails the run.
 Weights are published with version `batch.version + 1` (on GPU: a CUDA IPC handle of a GPU buffer
-on rank 0, kept alive until ReleaseWeights). Checkpoints are off the critical path where the backend
+on rank 0, kept alive until ReleaseWeights); a LoRA run's StepDone stats carry the bytes published
+and the seconds it took (`publish_bytes`, `publish_s`: the step line's `train_publish_*`; merged
+weights, or the adapters alone with inference.vllm.lora). Checkpoints are off the critical path where the backend
 can snapshot (torch, one rank or several; sim): SaveCheckpoint copies the state and a
 `BackgroundSave` thread writes it while the next batches train; CheckpointSaved follows when it is
 on disk (the supervisor commits then). With ranks every rank copies its shards and writes them in
@@ -162,7 +164,11 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 if saves.running:           # this step trained while a checkpoint was written
                     stats["saving"] = 1.0
                 version = batch.version + 1
+                t1 = time.monotonic()
                 when = publish(version)
+                if cfg.actor.lora is not None:   # merged vs adapter-only (inference.vllm.lora)
+                    stats["publish_bytes"] = float(nbytes)
+                    stats["publish_s"] = time.monotonic() - t1
                 if leader:
                     ctx.send(messages.StepDone(step=batch.ident, version=version, publish_time=when,
                                                train_s=train_s,

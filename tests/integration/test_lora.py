@@ -25,10 +25,10 @@ LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "o_proj"
 ACTOR = {**BASE, "lr": 1e-2}
 
 
-def _trainer(lora=LORA, group=None, seed=3, **actor) -> TorchTrainer:
+def _trainer(lora=LORA, group=None, seed=3, adapter_only=False, **actor) -> TorchTrainer:
     cfg = ActorConfig(**{**ACTOR, **actor, "lora": lora})
     return TorchTrainer(ModelConfig(**MODEL), cfg, TaskConfig(name="copy2"), seed=seed, group=group,
-                        algo=AlgoConfig())
+                        algo=AlgoConfig(), adapter_only=adapter_only)
 
 
 def _step(tr, i):
@@ -189,6 +189,63 @@ def test_two_fsdp_ranks_same_lora_loss_gradients_weights_and_resume(tmp_path):
     assert resumed["stats"][0]["loss"] == run["stats"][1]["loss"]
     files = _files(ckpt)
     assert "adapter/adapter_model.safetensors" in files and not any(f.startswith("hf/") for f in files)
+
+
+# ------------------------------------------------------------------- adapter-only publish (#25 item 2)
+
+def test_adapter_only_publish_is_the_adapters_in_their_own_layout():
+    """inference.vllm.lora: the trainer publishes A and B of each target layer alone, in the layout
+    the run's weight buffer is sized with (resources.weight_nbytes), a fraction of the merged size."""
+    from orchestrator.backends import lora
+    from orchestrator.config import Config, InferenceConfig, LoraConfig, VllmConfig
+    from orchestrator.runtime.resources import weight_nbytes
+
+    tr = _trainer(adapter_only=True)
+    cfg = Config(model=ModelConfig(**MODEL), task=TaskConfig(name="copy2"),
+                 inference=InferenceConfig(backend="vllm", vllm=VllmConfig(lora=True)),
+                 actor=ActorConfig(**{**ACTOR, "lora": LoraConfig(**LORA)}))
+    assert weight_nbytes(cfg) == tr.weight_nbytes() < _trainer().weight_nbytes() / 4
+    _step(tr, 0)
+    published = lora.adapter_from_flat(tr.layout, bytearray(_published(tr)))
+    want = lora.adapter_tensors(tr.peft)
+    assert list(published) == list(want) and len(want) == 2 * 2 * len(LORA["target_modules"])
+    for name, t in want.items():
+        assert torch.equal(published[name], t), name
+    assert any(float(t.abs().max()) > 0 for n, t in want.items() if ".lora_B." in n)
+    with pytest.raises(ValueError, match="adapter-only publishing .* needs actor.lora"):
+        _trainer(lora=None, adapter_only=True)
+
+
+def _adapter_rank(rank, world, port, actor, weights_path):
+    """One step on batch 0, then every rank joins the adapter-only publish (rank 0 writes)."""
+    from orchestrator.backends.sharding import RankGroup
+    faulthandler.enable(all_threads=True)
+    os.environ.update(rendezvous_env(rank, world, port))
+    torch.set_num_threads(1)
+    actor = {**actor, "num_ranks": world}
+    tr = _trainer(group=RankGroup.from_env(ActorConfig(**ACTOR, **actor), torch.device("cpu")),
+                  adapter_only=True, **actor)
+    _step(tr, 0)
+    with open(weights_path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        tr.write_weights(memoryview(mm))
+        del mm
+    tr.group.barrier()
+    tr.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def test_two_fsdp_ranks_publish_the_same_adapters_as_one(tmp_path):
+    """FSDP2 shards A and B; the adapter-only publish gathers them and rank 0 writes them all."""
+    one = _trainer(adapter_only=True)
+    _step(one, 0)
+    want = _published(one)
+    path = tmp_path / "adapters"
+    path.write_bytes(b"\xff" * len(want))
+    start_ranks(_adapter_rank, (2, free_port(), {"sharding": "fsdp"}, str(path)), 2)
+    assert np.allclose(np.frombuffer(path.read_bytes(), np.float32), np.frombuffer(want, np.float32),
+                       rtol=1e-4, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------- export

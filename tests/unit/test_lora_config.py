@@ -72,3 +72,19 @@ def test_preflight_reads_a_model_dirs_layer_names_from_its_headers(tmp_path):
                              "actor.lora.target_modules=[q_proj,v_proj]"])
     with pytest.raises(ConfigError, match=r"actor.lora.target_modules.*\['v_proj'\].*c_attn, down_proj, q_proj"):
         preflight._check_lora(cfg)
+
+
+def test_adapter_only_vllm_needs_lora_and_the_vllm_backend():
+    """inference.vllm.lora (issue #25 item 2): off by default; without actor.lora or with another
+    inference backend it is one line naming what it needs (exit 2 before anything starts)."""
+    assert load_config(None, []).inference.vllm.lora is False
+    ok = load_config(None, ["actor.backend=torch", "inference.backend=vllm", "actor.lora.rank=8",
+                            "inference.vllm.lora=true"])
+    assert ok.inference.vllm.lora is True
+    msg = _refused("actor.backend=torch", "inference.backend=vllm", "inference.vllm.lora=true")
+    assert "inference.vllm.lora=true needs actor.lora (" in msg and "\n" not in msg
+    msg = _refused("actor.backend=torch", "inference.backend=torch", "actor.lora.rank=8",
+                   "inference.vllm.lora=true")
+    assert "inference.vllm.lora=true needs inference.backend=vllm (" in msg and "\n" not in msg
+    msg = _refused("inference.vllm.lora=true", path="configs/sim.yaml")
+    assert "needs actor.lora and inference.backend=vllm" in msg
