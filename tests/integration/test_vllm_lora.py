@@ -17,11 +17,10 @@ pytest.importorskip("peft", reason="peft is not installed")
 
 from orchestrator.backends.base import GenRequest  # noqa: E402
 from orchestrator.backends.torch_trainer import TorchTrainer  # noqa: E402
-from orchestrator.backends.vllm_inference import VllmInference  # noqa: E402
 from orchestrator.config import (ActorConfig, Config, InferenceConfig, LoraConfig,  # noqa: E402
                                  ModelConfig, RunConfig, TaskConfig, VllmConfig)
 from tests.integration.test_vllm_backend import (HEADS, MAX_NEW, ROOT, TOL, _requests,  # noqa: E402
-                                                 _run)
+                                                 _run, backend)  # noqa: F401 (backend: the engines fixture)
 from tests.workload import DigitTask  # noqa: E402
 from shm.codec import concat  # noqa: E402
 
@@ -46,20 +45,6 @@ def _cfg(recompute_kv=True) -> Config:
 def _trainer(seed=0, lr=2e-2, adapter_only=True):
     return TorchTrainer(ModelConfig(num_heads=HEADS), ActorConfig(backend="torch", lr=lr, lora=_lora()),
                         TaskConfig(name="copy2"), seed=seed, adapter_only=adapter_only)
-
-
-@pytest.fixture
-def backend():
-    made = []
-
-    def make(cfg=None, **kw):
-        b = VllmInference(cfg or _cfg(), 0, **kw)
-        made.append(b)
-        return b
-
-    yield make
-    for b in made:
-        b.close()
 
 
 def _train(inf, tr, task, steps=2):
