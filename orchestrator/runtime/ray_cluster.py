@@ -59,6 +59,7 @@ PUMP_JOIN_S = 5.0
 LOST = -9                  # the exit code of a worker whose host actor died
 MAX_FRAMES = 64            # request records per exchange
 PROBE_S = 5.0              # the cluster's address must accept a connection within this
+CARRY_WAIT_S = 0.005       # a pump whose records wait for room in the supervisor's ring pauses
 
 
 def _ray():
@@ -313,7 +314,6 @@ class HostedWorker:
                 return self._dead(code)
 
     def _pump(self) -> None:
-        from shm.ring import Ring  # noqa: F401  (the rings below are shm.ring.Ring objects)
         ray = _ray()
         res, i = self.cluster.res, self.spec.index
         req, out, ctl = res.inference_req[i], res.inference_out[i], res.inference_ctl[i]
@@ -353,6 +353,8 @@ class HostedWorker:
                         word.set(max(1, now - age))
                 if reply["exitcode"] is not None and not carry and not reply["out"] and not reply["ctl"]:
                     return self._dead(reply["exitcode"])
+                if carry:                # the supervisor's ring is full: let the event loop read
+                    self._stop.wait(CARRY_WAIT_S)
         except ChannelError as exc:
             self._dead(LOST, f"its records were damaged in transit: {exc}")
         except BaseException as exc:     # the pump is the worker's only link: without it, it is lost
