@@ -48,6 +48,7 @@ import numpy as np
 
 from orchestrator import messages
 from orchestrator.errors import RunFailed
+from orchestrator.runtime.liveness import now_ms
 from orchestrator.runtime.ray_host import ChannelError, Frames, WorkerHost
 from orchestrator.runtime.signals import SIGNALS
 
@@ -234,11 +235,12 @@ class RayCluster:
         (put once per version, shared by the pumps; a local worker too loads the latest)."""
         with self._weights_lock:
             latest = self.res.weights.latest_version()
-            if latest not in self._weights:
-                buf = np.empty(self.res.weights.nbytes, dtype=np.uint8)
-                got = self.res.weights.read_into(memoryview(buf), timeout=CALL_TIMEOUT_S,
-                                                 min_version=version)
-                self._weights = {got: _ray().put(buf)}    # older versions are no longer asked for
+            if latest not in self._weights:      # put straight from the shm slot: one copy
+                put = {}
+                got = self.res.weights.read_with(
+                    lambda view, v: put.update(ref=_ray().put(np.frombuffer(view, np.uint8))),
+                    timeout=CALL_TIMEOUT_S, min_version=version)
+                self._weights = {got: put["ref"]}    # older versions are no longer asked for
             return next(iter(self._weights.items()))
 
     # ------------------------------------------------------------------ end
@@ -347,7 +349,7 @@ class HostedWorker:
                 carry += [(out, from_out.unwrap(f)) for f in reply["out"]]
                 carry += [(ctl, from_ctl.unwrap(f)) for f in reply["ctl"]]
                 carry = self._deliver(carry)
-                now = int(time.monotonic() * 1000)
+                now = now_ms()
                 for word, age in zip(words, (reply["progress_age_ms"], reply["liveness_age_ms"])):
                     if age is not None:
                         word.set(max(1, now - age))

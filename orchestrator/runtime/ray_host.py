@@ -39,7 +39,7 @@ from typing import Optional
 
 from orchestrator.runtime import scratch
 from orchestrator.runtime.liveness import now_ms
-from orchestrator.runtime.resources import RingSizes, RunNames
+from orchestrator.runtime.resources import Resources, RingSizes, RunNames, free_resources
 from orchestrator.runtime.worker_base import WorkerSpec
 
 PULL_BYTES = 64 << 20          # records returned by one exchange (at least one record)
@@ -76,14 +76,11 @@ class WorkerHost:
     def __init__(self, bridged: bool) -> None:
         self.bridged = bridged
         self.proc: Optional[mp.process.BaseProcess] = None
-        self.owned: list = []
+        self.res: Optional[Resources] = None     # bridged: the worker's objects on this node
         self.scratch = ""
         self.pending: deque = deque()
-        self.req = self.out = self.ctl = self.bell = self.wbuf = None
+        self.req = self.out = self.ctl = None
         self.words: tuple = ()
-        self.frames_in = Frames("requests to the worker")
-        self.frames_out = Frames("rollouts from the worker")
-        self.frames_ctl = Frames("control records from the worker")
 
     def node_id(self) -> str:
         import ray
@@ -112,9 +109,8 @@ class WorkerHost:
         return self.proc.pid
 
     def _own_objects(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> WorkerSpec:
-        """This node's copies of the worker's objects, under a run id of this process's own."""
-        from shm.counter import SharedCounter
-        from shm.ring import Ring
+        """This node's copies of the worker's objects (a `Resources` of its own, under a run id of
+        this process's own), made as the supervisor makes a worker's."""
         from shm.segments import sweep_dead
         from shm.weights import WeightBuffer
         from orchestrator.wire import Bell
@@ -122,20 +118,12 @@ class WorkerHost:
         scratch.sweep_dead()
         names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", spec.names.num_inference)
         i, gen = spec.index, spec.gen
-        own = self.owned.append
-        self.bell = Bell.create(names.bell)
-        own(self.bell)
-        self.wbuf = WeightBuffer.create(names.weights, max(weight_nbytes, 8))
-        own(self.wbuf)
-        self.req = Ring.create(names.req("inference", i, gen), sizes.req)
-        own(self.req)
-        self.out = Ring.create(names.out(i, gen), sizes.out)
-        own(self.out)
-        self.ctl = Ring.create(names.ctl("inference", i, gen), sizes.ctl)
-        own(self.ctl)
-        self.words = (SharedCounter.create(names.heartbeat("inference", i, gen)),
-                      SharedCounter.create(names.liveness("inference", i, gen)))
-        self.owned.extend(self.words)
+        self.res = res = Resources(names, sizes=sizes)
+        res.bell = res.own(Bell.create(names.bell))
+        res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
+        self.req, self.out, self.ctl = res.inference_rings(i, gen)
+        res.fresh_words("inference", i, gen)
+        self.words = (res.heartbeats[("inference", i)], res.liveness[("inference", i)])
         self.scratch = scratch.create(names.run_id)
         self.pending.clear()
         self.frames_in = Frames("requests to the worker")
@@ -147,33 +135,25 @@ class WorkerHost:
         for frame in frames:
             self.pending.append(self.frames_in.unwrap(frame))
         if weights is not None:        # before the LoadWeights record that names it
-            self.wbuf.publish(memoryview(weights).cast("B"), version)
+            self.res.weights.publish(memoryview(weights).cast("B"), version)
         while self.pending:
             try:
                 self.req.put(self.pending[0], timeout=0.0)
             except TimeoutError:
                 break
             self.pending.popleft()
-        out, ctl = self._pull(), self._pull_ctl()
-        if not out and not ctl and self.exitcode() is None and self.bell.wait(wait_s):
-            out, ctl = self._pull(), self._pull_ctl()
+        out, ctl = _drain(self.out, self.frames_out), _drain(self.ctl, self.frames_ctl)
+        if not out and not ctl and self.status() is None and self.res.bell.wait(wait_s):
+            out, ctl = _drain(self.out, self.frames_out), _drain(self.ctl, self.frames_ctl)
         progress, alive = (w.get() for w in self.words)
         now = now_ms()
-        return {"out": out, "ctl": ctl, "pending": len(self.pending), "exitcode": self.exitcode(),
+        return {"out": out, "ctl": ctl, "pending": len(self.pending), "exitcode": self.status(),
                 "progress_age_ms": now - progress if progress else None,
                 "liveness_age_ms": now - alive if alive else None}
 
-    def _pull(self) -> list:
-        return _drain(self.out, self.frames_out)
-
-    def _pull_ctl(self) -> list:
-        return _drain(self.ctl, self.frames_ctl)
-
-    def exitcode(self) -> Optional[int]:
-        return None if self.proc is None else self.proc.exitcode
-
     def status(self) -> Optional[int]:
-        return self.exitcode()
+        """The worker's exit code, None while it runs (or before one starts)."""
+        return None if self.proc is None else self.proc.exitcode
 
     def kill_worker(self) -> None:
         if self.proc is not None and self.proc.exitcode is None:
@@ -188,13 +168,9 @@ class WorkerHost:
             self.proc.join(JOIN_S)
 
     def _free(self) -> None:
-        for obj in reversed(self.owned):
-            for fn in ("close", "unlink"):
-                try:
-                    getattr(obj, fn)()
-                except Exception:
-                    pass
-        self.owned.clear()
+        if self.res is not None:
+            free_resources(self.res)
+            self.res = None
         if self.scratch:
             scratch.remove(self.scratch)
             self.scratch = ""
