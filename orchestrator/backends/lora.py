@@ -123,19 +123,22 @@ class MergedSource(Mapping):
         return w + ((b.float() @ a.float()) * scale).to(w.dtype)
 
 
-def adapter_tensors(peft_model, full: bool = True) -> dict[str, torch.Tensor]:
-    """The adapter parameters by peft's saved names, copied to CPU; `full`: sharded ones
-    gathered (a collective)."""
+def _by_saved_name(peft_model, value) -> dict:
+    """`value(p)` of every adapter parameter, by peft's saved name (what checkpoints, exports and
+    the adapter-only layout all use)."""
     from peft import get_peft_model_state_dict
 
     module = peft_model.base_model.model
-    state = {}
-    for name, p in module.named_parameters():
-        if p.requires_grad:
-            t = _full(p.detach()) if full else _local(p.detach())
-            state[SAVED_PREFIX + name] = t.to("cpu", copy=True)
+    state = {SAVED_PREFIX + n: value(p) for n, p in module.named_parameters() if p.requires_grad}
     return get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER,
                                      save_embedding_layers=False)
+
+
+def adapter_tensors(peft_model, full: bool = True) -> dict[str, torch.Tensor]:
+    """The adapter parameters by peft's saved names, copied to CPU; `full`: sharded ones
+    gathered (a collective)."""
+    return _by_saved_name(peft_model, lambda p: (_full(p.detach()) if full else _local(p.detach()))
+                          .to("cpu", copy=True))
 
 
 def gathered_adapters(peft_model) -> dict[str, torch.Tensor] | None:
@@ -201,14 +204,9 @@ def load_adapter(peft_model, tensors: dict[str, torch.Tensor]) -> None:
 def adapter_layout(peft_model):
     """The flat layout of the adapter-only publish: `adapter_tensors`' names (peft's saved ones) and
     full shapes (a sharded parameter's global shape), in peft's order."""
-    from peft import get_peft_model_state_dict
-
     from orchestrator.backends.model import layout_of
 
-    module = peft_model.base_model.model
-    state = {SAVED_PREFIX + n: p for n, p in module.named_parameters() if p.requires_grad}
-    return layout_of(get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER,
-                                               save_embedding_layers=False).items())
+    return layout_of(_by_saved_name(peft_model, lambda p: p).items())
 
 
 def adapter_spec(cfg):
