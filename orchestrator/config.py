@@ -914,9 +914,8 @@ class Config(_Section):
                              f"worker {tp} devices")
         place = self.placement
         if place.mode == "local":
-            changed = [k for k in ("inference_gpus", "inference_resources")
-                       if getattr(place, k) != PlacementConfig.model_fields[k].get_default(
-                           call_default_factory=True)]
+            changed = [k for k, off in (("inference_gpus", 0), ("inference_resources", {}))
+                       if getattr(place, k) != off]
             if changed:
                 raise ValueError(f"placement.{changed[0]} places workers on a Ray cluster: it needs "
                                  f"placement.mode=ray")
