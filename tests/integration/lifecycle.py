@@ -15,10 +15,15 @@ from orchestrator.runtime.forkserver import TORCH
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(run_dir, *overrides, config="configs/sim.yaml"):
+def start(run_dir, *overrides, config="configs/sim.yaml", env=None):
+    """A launch in the background; `env`: variables added to this process's environment."""
     return subprocess.Popen([sys.executable, "-m", "orchestrator.launch", "--config", config,
-                             f"run.dir={run_dir}", *overrides],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             f"run.dir={run_dir}", *overrides], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(env))
+
+
+def _env(extra):
+    return None if extra is None else {**os.environ, **extra}
 
 
 def steps(run_dir):
@@ -71,11 +76,11 @@ def run_segments(*procs):
                   if n.removeprefix("sem.").startswith(prefixes))
 
 
-def run(run_dir, *overrides, config="configs/sim.yaml", timeout=120):
+def run(run_dir, *overrides, config="configs/sim.yaml", timeout=120, env=None):
     """Run a launch to its end: CompletedProcess with text stdout/stderr."""
     return subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config", config,
                            f"run.dir={run_dir}", *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=_env(env))
 
 
 def events(run_dir, name=None):
@@ -103,7 +108,7 @@ def error_lines(stderr):
     return [line for line in stderr.strip().splitlines() if line.startswith("error")]
 
 
-def run_embedded(run_dir, config=None, timeout=900, overrides=()):
+def run_embedded(run_dir, config=None, timeout=900, overrides=(), env=None):
     """Run an embedded job to its end (`config` None: no --config, what a bare launch runs, i.e.
     configs/default.yaml): (its config as a dict, every metrics record, the step lines), after
     checking exit 0 and step lines 1..run.total_steps. `overrides` must leave run.total_steps."""
@@ -111,7 +116,7 @@ def run_embedded(run_dir, config=None, timeout=900, overrides=()):
     args = ["--config", config] if config else []
     out = subprocess.run([sys.executable, "-m", "orchestrator.launch", *args, f"run.dir={run_dir}",
                           "run.progress=false", *overrides], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout)
+                         timeout=timeout, env=_env(env))
     assert out.returncode == 0, out.stderr[-2000:]
     cfg = yaml.safe_load(open(ROOT / (config or "configs/default.yaml")))
     recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]

@@ -15,7 +15,8 @@ import time
 import psutil
 import pytest
 
-from tests.integration.lifecycle import ROOT, steps, wait_for_step, worker_pids
+from tests.integration.lifecycle import (ROOT, all_gone, error_lines, run, run_embedded, start,
+                                         steps, wait_for_step, worker_pids)
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -38,21 +39,20 @@ def cluster():
     c.shutdown()
 
 
-def _args(cluster, run_dir, *overrides):
-    return [sys.executable, "-m", "orchestrator.launch", "--config", "configs/sim.yaml",
-            f"run.dir={run_dir}", "placement.mode=ray", f"placement.ray_address={cluster.address}",
-            "placement.inference_resources={node_b: 1}", "rollout.filter_zero_std=false", *overrides]
+def _placed(cluster):
+    """The overrides of a run whose inference workers go to node_b of `cluster`."""
+    return ["placement.mode=ray", f"placement.ray_address={cluster.address}",
+            "placement.inference_resources={node_b: 1}"]
 
 
 def _start(cluster, run_dir, *overrides):
-    return subprocess.Popen(_args(cluster, run_dir, *overrides), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **LOOPBACK})
+    return start(run_dir, *_placed(cluster), "rollout.filter_zero_std=false", *overrides,
+                 env=LOOPBACK)
 
 
 def _run(cluster, run_dir, *overrides, timeout=180):
-    return subprocess.run(_args(cluster, run_dir, *overrides), cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **LOOPBACK})
+    return run(run_dir, *_placed(cluster), "rollout.filter_zero_std=false", *overrides,
+               timeout=timeout, env=LOOPBACK)
 
 
 def _audit(run_dir):
@@ -80,8 +80,7 @@ def _gone(pids, timeout):
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    return all_gone(procs, timeout) == []
 
 
 def test_workers_on_another_node_keep_every_promise(cluster, tmp_path):
@@ -181,19 +180,16 @@ def test_a_driver_killed_with_sigkill_takes_its_actors_and_resumes_exactly(clust
 def test_a_placement_the_cluster_cannot_hold_is_exit_2(cluster, tmp_path, overrides, named):
     out = _run(cluster, tmp_path, *overrides)
     assert out.returncode == 2, out.stderr[-2000:]
-    lines = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    lines = error_lines(out.stderr)
     assert len(lines) == 1 and named in lines[0] and "placement" in lines[0], out.stderr
     assert not (tmp_path / "logs" / "inference0.log").exists()
     assert _hosts() == []
 
 
 def test_no_cluster_at_the_address_is_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config", "configs/sim.yaml",
-                          f"run.dir={tmp_path}", "placement.mode=ray",
-                          "placement.ray_address=127.0.0.1:9"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **LOOPBACK})
+    out = run(tmp_path, "placement.mode=ray", "placement.ray_address=127.0.0.1:9", env=LOOPBACK)
     assert out.returncode == 2, out.stderr[-2000:]
-    lines = [line for line in out.stderr.splitlines() if line.startswith("error")]
+    lines = error_lines(out.stderr)
     assert len(lines) == 1 and "placement.ray_address=127.0.0.1:9" in lines[0], out.stderr
 
 
@@ -246,7 +242,7 @@ def test_a_lost_node_with_no_room_elsewhere_fails_the_run_naming_it(cluster, tmp
         cluster.remove_node(solo, allow_graceful=False)
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 1, err[-3000:]
-        lines = [line for line in err.splitlines() if line.startswith("error")]
+        lines = error_lines(err)
         assert len(lines) == 1 and short in lines[0] and named in lines[0], err
         assert _gone(workers, 10) and _hosts() == []
     finally:
@@ -258,17 +254,8 @@ def test_the_default_job_learns_with_its_inference_on_another_node(cluster, tmp_
     """The embedded default job (torch backends) with its inference worker on the second node
     learns within test_default_learns's bounds (the same job in local mode)."""
     import numpy as np
-    import yaml
-    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path}",
-                          "run.progress=false", "placement.mode=ray",
-                          f"placement.ray_address={cluster.address}",
-                          "placement.inference_resources={node_b: 1}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env={**os.environ, **LOOPBACK})
-    assert out.returncode == 0, out.stderr[-3000:]
+    cfg, _, s = run_embedded(tmp_path, overrides=_placed(cluster), env=LOOPBACK)
     assert "records over Ray (another node)" in (tmp_path / "logs" / "supervisor.log").read_text()
-    cfg = yaml.safe_load(open(ROOT / "configs" / "default.yaml"))
-    s = steps(tmp_path)
-    assert [r["step"] for r in s] == list(range(1, cfg["run"]["total_steps"] + 1))
     rewards = np.array([r["reward_mean"] for r in s])
     first, last = rewards[:10].mean(), rewards[-10:].mean()
     assert last >= 0.7 and last - first >= 0.5, (first, last)
