@@ -5,10 +5,12 @@ Contract:
   (`AutoTokenizer`, local files only), its stop ids (every `eos_token_id` of generation_config.json,
   an int or a list, plus the tokenizer's eos) and its pad id (the tokenizer's, else the first stop
   id). Without one, the built-in character tokenizer (stop: its eos).
-- `build_tokenizer(task_name, path=None)`: with no `path`, an offline character-level
-  `PreTrainedTokenizerFast` over a small fixed vocabulary (`VOCAB`: pad, bos, eos, digits, a few
-  symbols; a text is bos + one id per character); the same vocabulary for every task, so ids never
-  depend on the task. With `path`, the tokenizer of that local HF directory (never downloads).
+- `build_tokenizer(task_name, path=None)`: with no `path`, the offline character tokenizer
+  (`CharTokenizer`: a small fixed vocabulary, `VOCAB`: pad, bos, eos, digits, a few symbols; a text
+  is bos + one id per character), answered by `tokenizers` alone and equal to transformers'
+  `PreTrainedTokenizerFast` over it (which it hands every other call to); the same vocabulary for
+  every task, so ids never depend on the task. With `path`, the tokenizer of that local HF
+  directory (never downloads).
   `quiet_hf()` keeps transformers' bars and warnings off the console while loading or saving.
 - `PromptRenderer(tokens, task_cfg)`: `ids(value) -> int32 array`. A list of chat messages
   ({role, content} mappings) is rendered with the tokenizer's chat template and the generation
@@ -57,25 +59,80 @@ def quiet_hf():
 
 def build_tokenizer(task_name: str = "", path: Optional[str] = None):
     """Offline tokenizer. `task_name` is accepted for symmetry; every built-in task shares VOCAB.
-    The built-in one imports no `AutoTokenizer` (whose import pulls in torch): a launch validates
-    its input without torch."""
+    The built-in one is a `CharTokenizer`, which imports no transformers (a launch validates its
+    input without it, and a supervisor never pays its import)."""
     if path is not None:
         from transformers import AutoTokenizer
         with quiet_hf():
             return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    from transformers import PreTrainedTokenizerFast
+    return CharTokenizer()
+
+
+def _char_tokenizer():
+    """The built-in vocabulary as a `tokenizers.Tokenizer`: one token per character, pad/bos/eos
+    kept whole (and special: decoding can skip them), a text starts with bos."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {tok: i for i, tok in enumerate(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
-    # one token per character, special tokens kept whole; a text starts with bos
+    tok.add_special_tokens([PAD, BOS, EOS])
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[a-z]+>|."), behavior="isolated")
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB.index(BOS))])
     tok.decoder = decoders.Fuse()          # characters join without spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
-                                   unk_token=PAD, clean_up_tokenization_spaces=False)
-    return fast
+    return tok
+
+
+class CharTokenizer:
+    """The built-in character tokenizer with the slice of transformers' tokenizer API the runtime
+    calls (`tok(text, add_special_tokens=True)["input_ids"]`, `decode(ids, skip_special_tokens)`,
+    `get_vocab()`, `len`, the pad/bos/eos ids, `chat_template` None), answered by `tokenizers`
+    alone. Anything else (`save_pretrained`, `convert_ids_to_tokens`, ...) goes to the equivalent
+    `PreTrainedTokenizerFast` over the same `tokenizers.Tokenizer` (`hf()`), built on first use:
+    transformers is imported only where such a call is made (export, a worker that saves a model).
+    `tests/unit/test_tokens.py` checks both give the same ids, text and attributes."""
+
+    chat_template = None
+
+    def __init__(self) -> None:
+        self._tok = _char_tokenizer()
+        self._hf = None
+        self.pad_token_id, self.bos_token_id, self.eos_token_id = (VOCAB.index(t) for t in (PAD, BOS, EOS))
+        self.pad_token, self.bos_token, self.eos_token = PAD, BOS, EOS
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        if not isinstance(text, str):
+            return self.hf()(text, add_special_tokens=add_special_tokens)
+        return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+
+    def get_vocab(self) -> dict:
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def hf(self):
+        """The same tokenizer as transformers' `PreTrainedTokenizerFast` (imports transformers)."""
+        if self._hf is None:
+            from transformers import PreTrainedTokenizerFast
+            self._hf = PreTrainedTokenizerFast(tokenizer_object=self._tok, pad_token=PAD, bos_token=BOS,
+                                               eos_token=EOS, unk_token=PAD,
+                                               clean_up_tokenization_spaces=False)
+        return self._hf
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):           # pickling and copying look up dunders before __init__ ran
+            raise AttributeError(name)
+        return getattr(self.hf(), name)
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 @dataclass(frozen=True)

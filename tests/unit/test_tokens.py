@@ -105,3 +105,62 @@ def test_sampled_ids_reach_the_trainer_byte_for_byte(hf_model_dir):
     mask = batch.loss_mask.astype(bool)
     assert mask.any()
     np.testing.assert_allclose(lp[mask], batch.logprobs[mask], atol=1e-4)
+
+
+def _reference_char_tokenizer():
+    """The built-in tokenizer as transformers built it until 2026-12-05 (PreTrainedTokenizerFast over
+    the same WordLevel vocabulary, specials named as kwargs): the CharTokenizer must equal it."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+    from orchestrator.data.tokens import BOS, EOS, PAD, VOCAB
+
+    tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(VOCAB)}, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[a-z]+>|."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB.index(BOS))])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token=PAD, clean_up_tokenization_spaces=False)
+
+
+def test_the_builtin_tokenizer_equals_transformers_own_without_importing_it(tmp_path):
+    import pickle
+    import random
+    from orchestrator.data.tokens import VOCAB, build_tokenizer
+
+    ours, ref = build_tokenizer(), _reference_char_tokenizer()
+    assert len(ours) == len(ref) == len(VOCAB) and ours.get_vocab() == ref.get_vocab()
+    assert (ours.pad_token_id, ours.bos_token_id, ours.eos_token_id) == \
+        (ref.pad_token_id, ref.bos_token_id, ref.eos_token_id)
+    assert ours.chat_template is None and getattr(ref, "chat_template", None) is None
+    rng = random.Random(0)
+    pieces = [*"0123456789+-=>| ", "<eos>", "<bos>", "<pad>", "x", "\u00e9", "<eo"]
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12)))
+        for specials in (True, False):
+            ids = ours(text, add_special_tokens=specials)["input_ids"]
+            assert ids == ref(text, add_special_tokens=specials)["input_ids"], (text, specials)
+        ids = [rng.randrange(len(VOCAB)) for _ in range(rng.randrange(0, 10))]
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+    # the rest of transformers' API is transformers' own tokenizer, and survives pickling
+    assert ours.convert_ids_to_tokens([1, 3]) == ref.convert_ids_to_tokens([1, 3])
+    assert pickle.loads(pickle.dumps(ours))("47")["input_ids"] == ref("47")["input_ids"]
+    ours.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+    saved = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert saved("12>")["input_ids"] == ref("12>")["input_ids"] and saved.eos_token_id == ref.eos_token_id
+
+
+def test_a_launch_builds_the_builtin_workload_without_transformers():
+    """The supervisor's side of a launch (config, tokens, prompts, reward) imports no transformers
+    and no torch for the built-in tokenizer: each would cost every launch seconds of CPU."""
+    import subprocess
+    import sys
+    code = ("import sys; from orchestrator.config import load_config; "
+            "from orchestrator.data.workload import build_task; "
+            "t = build_task(load_config('configs/default.yaml', [])); t.train_prompt(0); "
+            "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
