@@ -83,6 +83,17 @@ def _char_tokenizer():
     return tok
 
 
+class Encoded(dict):
+    """What a tokenizer call returns: `enc["input_ids"]` or `enc.input_ids`, as transformers'
+    BatchEncoding answers both."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class CharTokenizer:
     """The built-in character tokenizer with the slice of transformers' tokenizer API the runtime
     calls (`tok(text, add_special_tokens=True)["input_ids"]`, `decode(ids, skip_special_tokens)`,
@@ -103,7 +114,7 @@ class CharTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
         if not isinstance(text, str):
             return self.hf()(text, add_special_tokens=add_special_tokens)
-        return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
+        return Encoded(input_ids=self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)

@@ -140,6 +140,7 @@ def test_the_builtin_tokenizer_equals_transformers_own_without_importing_it(tmp_
         for specials in (True, False):
             ids = ours(text, add_special_tokens=specials)["input_ids"]
             assert ids == ref(text, add_special_tokens=specials)["input_ids"], (text, specials)
+            assert ours(text, add_special_tokens=specials).input_ids == ids
         ids = [rng.randrange(len(VOCAB)) for _ in range(rng.randrange(0, 10))]
         for skip in (True, False):
             assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
