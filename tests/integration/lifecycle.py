@@ -111,7 +111,7 @@ def error_lines(stderr):
 def run_embedded(run_dir, config=None, timeout=900, overrides=(), env=None):
     """Run an embedded job to its end (`config` None: no --config, what a bare launch runs, i.e.
     configs/default.yaml): (its config as a dict, every metrics record, the step lines), after
-    checking exit 0 and step lines 1..run.total_steps. `overrides` must leave run.total_steps."""
+    checking exit 0 and step lines 1..run.total_steps (the config's, or an override's)."""
     import yaml
     args = ["--config", config] if config else []
     out = subprocess.run([sys.executable, "-m", "orchestrator.launch", *args, f"run.dir={run_dir}",
@@ -119,6 +119,9 @@ def run_embedded(run_dir, config=None, timeout=900, overrides=(), env=None):
                          timeout=timeout, env=_env(env))
     assert out.returncode == 0, out.stderr[-2000:]
     cfg = yaml.safe_load(open(ROOT / (config or "configs/default.yaml")))
+    for o in overrides:
+        if o.startswith("run.total_steps="):
+            cfg["run"]["total_steps"] = int(o.partition("=")[2])
     recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     step_lines = [r for r in recs if r["kind"] == "step"]
     assert [r["step"] for r in step_lines] == list(range(1, cfg["run"]["total_steps"] + 1))
