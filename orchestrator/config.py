@@ -53,7 +53,7 @@ _DEVICE = re.compile(r"(0|[1-9][0-9]{0,5})\Z")
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
-                              allow_inf_nan=False)
+                              allow_inf_nan=False, defer_build=True)
 
 
 def _device_text(v: Any) -> Any:
