@@ -123,8 +123,10 @@ QUEUE, SYNC = "Dispatcher out-queue depth", "Weight-watcher poll to reload laten
 @pytest.mark.parametrize("overrides, slow_stage, watched", [
     (["actor.sim.step_time_s=0.1", "inference.sim.latency_s=0.01"], "the trainer is the bottleneck",
      set()),
-    (["actor.sim.step_time_s=0.01", "inference.sim.latency_s=0.2"], "generation (or the environment)",
-     {QUEUE}),
+    # 16 rollouts in flight: a step every ~0.1 s, so a weight sync slowed by a busy machine stays
+    # well under a step (at sim.yaml's 64, steps of ~20 ms made a 3.5 ms sync a stall)
+    (["actor.sim.step_time_s=0.01", "inference.sim.latency_s=0.2", "rollout.max_concurrent_rollouts=16"],
+     "generation (or the environment)", {QUEUE}),
     (["actor.sim.step_time_s=0.02", "inference.sim.latency_s=0.01", "inference.sim.reload_delay_s=0.1"],
      "the weight sync stalls the version", {QUEUE, SYNC}),
 ], ids=["slow-trainer", "slow-generation", "slow-weight-sync"])
