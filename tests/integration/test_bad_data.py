@@ -113,29 +113,25 @@ def test_a_reward_that_raises_stops_the_run_naming_function_and_row(tmp_path):
     assert "'r.py:score'" in err and "row 13" in err and "ZeroDivisionError" in err, err
 
 
-def test_tolerated_reward_errors_are_counted_in_step_lines(tmp_path):
-    write_jsonl(tmp_path / "d.jsonl", digit_rows())
-    (tmp_path / "r.py").write_text(RAISES)
-    out = launch(tmp_path, f"task.dataset={tmp_path / 'd.jsonl'}", "task.reward=r.py:score",
-                 "task.reward_on_error=zero", "run.total_steps=8")
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = steps(tmp_path / "run")
-    assert len(lines) == 8
-    # prompt 13's row is drawn once per 20 prompts; each of its 16 samples fails
-    assert sum(r["reward_errors"] for r in lines) % 16 == 0 and sum(r["reward_errors"] for r in lines) >= 16
-
-
-def test_overlong_prompts_are_filtered_counted_and_never_trained(tmp_path):
+def test_tolerated_reward_errors_are_counted_and_overlong_prompts_filtered(tmp_path):
+    """One launch for two kinds of bad rows: a reward that raises on one row, tolerated
+    (`task.reward_on_error=zero`), is counted in the step lines; prompts longer than
+    task.max_prompt_tokens are filtered with one warning, counted, and never trained."""
     from orchestrator.run.durable import read_record
     from shm.codec import decode
 
     long_rows = [{"prompt": "9" * 12 + ">", "answer": "9"}] * 5
     write_jsonl(tmp_path / "d.jsonl", digit_rows() + long_rows)
-    out = launch(tmp_path, f"task.dataset={tmp_path / 'd.jsonl'}", "task.reward=digits",
-                 "task.max_prompt_tokens=8", "run.total_steps=4")
+    (tmp_path / "r.py").write_text(RAISES)
+    out = launch(tmp_path, f"task.dataset={tmp_path / 'd.jsonl'}", "task.reward=r.py:score",
+                 "task.reward_on_error=zero", "task.max_prompt_tokens=8", "run.total_steps=8")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "warning: 5 prompts longer than task.max_prompt_tokens=8 were filtered out" in out.stderr
-    for step in range(1, 5):
+    lines = steps(tmp_path / "run")
+    assert len(lines) == 8
+    # prompt 13's row is drawn once per 20 prompts; each of its 16 samples fails
+    assert sum(r["reward_errors"] for r in lines) % 16 == 0 and sum(r["reward_errors"] for r in lines) >= 16
+    for step in range(1, 9):
         batch = decode(read_record(str(tmp_path / "run" / "batches" / f"step_{step:08d}.rec")))
         assert max(int(p) for p in batch.prompt_lens) <= 8
 
