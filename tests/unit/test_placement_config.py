@@ -29,6 +29,8 @@ def test_local_is_the_default_and_ray_mode_reads_its_keys():
 @pytest.mark.parametrize("overrides, names", [
     (["placement.inference_gpus=1"], "placement.inference_gpus"),
     (["placement.inference_resources={node_b: 1}"], "placement.inference_resources"),
+    (["placement.weight_bucket_mb=4"], "placement.weight_bucket_mb"),
+    (["placement.mode=ray", "placement.weight_bucket_mb=0"], "placement.weight_bucket_mb"),
     (["placement.mode=ray", "inference.backend=torch", "actor.backend=torch",
       "inference.devices=[0]"], "inference.devices"),
     (["placement.mode=kubernetes"], "placement.mode"),

@@ -22,7 +22,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from orchestrator.runtime.ray_host import ChannelError  # noqa: E402
 from orchestrator.runtime.ray_weights import Rendezvous, join  # noqa: E402
 from shm.segments import SHM_DIR, segment_name  # noqa: E402
 from shm.weights import WeightBuffer  # noqa: E402
