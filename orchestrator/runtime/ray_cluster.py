@@ -240,7 +240,11 @@ class RayCluster:
         except Exception:
             ray.get(joined, timeout=CALL_TIMEOUT_S)     # the host's reason, where it has one
             raise
-        ray.get(joined, timeout=CALL_TIMEOUT_S)
+        try:
+            ray.get(joined, timeout=CALL_TIMEOUT_S)
+        except BaseException:
+            pair.close()
+            raise
         log.info("inference worker %d: weights over gloo from %s:%d (a pair of its own, buckets of "
                  "%d MiB, CRC-32 checked)", i, rdv.ip, rdv.port, self.cfg.placement.weight_bucket_mb)
         return pair

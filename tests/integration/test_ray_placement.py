@@ -119,20 +119,30 @@ def test_a_worker_on_the_driver_s_node_keeps_the_shm_rings(cluster, tmp_path):
     assert _gone(worker_pids(tmp_path).values(), 10) and _hosts() == []
 
 
-def test_a_killed_remote_worker_is_restarted_and_nothing_is_lost(cluster, tmp_path):
-    proc = _start(cluster, tmp_path, "run.total_steps=40", *SLOW)
+@pytest.mark.parametrize("victim, workers", [("worker", 2), ("host", 1)])
+def test_a_killed_remote_worker_is_restarted_and_nothing_is_lost(cluster, tmp_path, victim, workers):
+    """kill -9 of a remote worker (the other worker carries on) or of its host actor (the only
+    worker: the run cannot end without its restart, whose new gloo pair carries its weights)."""
+    proc = _start(cluster, tmp_path, "run.total_steps=40", f"inference.num_workers={workers}", *SLOW)
     wait_for_step(proc, tmp_path, 5, timeout=120)
-    victim = worker_pids(tmp_path)["inference0"]
-    os.kill(victim, signal.SIGKILL)
+    victim_pid = worker_pids(tmp_path)["inference0"]
+    if victim == "host":
+        hosts = _hosts()
+        assert len(hosts) == 1, hosts
+        hosts[0].kill()
+    else:
+        os.kill(victim_pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
     events = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if '"event"' in line]
     assert [(e["event"], e["worker"]) for e in events] == [("worker_restart", 0)]
-    assert worker_pids(tmp_path)["inference0"] != victim
+    assert worker_pids(tmp_path)["inference0"] != victim_pid
     log = (tmp_path / "logs" / "supervisor.log").read_text()
-    assert log.count("weights over gloo from") == 3, log          # the restarted worker's new pair
+    assert log.count("weights over gloo from") == workers + 1, log    # the restart's new pair
     sent = _gloo(log)
-    assert sent.get((0, 0), 0) > 0 and sent.get((0, 1), 0) > 0, sent
+    assert sent.get((0, 0), 0) > 0 and (0, 1) in sent, sent
+    if workers == 1:
+        assert sent[(0, 1)] > 0, sent
     audit = _audit(tmp_path)
     assert audit["ok"], audit["failures"]
     assert _hosts() == []
