@@ -10,7 +10,7 @@ starts it on its node and, for a worker on another node than the supervisor's, c
   process: it dies with the actor, `worker_base.die_with_parent`). Bridged (`WorkerHost(True)`, a
   worker on another node): first sweeps this node's segments and scratch directories of dead runs,
   then makes the worker's objects here under a namespace of its own (`RunNames` with this process's
-  run id: its bell, weight buffer, request/rollout/control rings and progress/liveness words) and a
+  run id: its version word and bell, weight buffer, request/rollout/control rings and progress/liveness words) and a
   scratch directory of its own, so nothing of the supervisor's node is needed. Not bridged (the
   supervisor's node): the worker attaches the supervisor's objects by their names, as in local mode.
   A restart calls `start` again with the next generation (the old objects are freed first).
@@ -121,6 +121,7 @@ class WorkerHost:
     def _own_objects(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> WorkerSpec:
         """This node's copies of the worker's objects (a `Resources` of its own, under a run id of
         this process's own), made as the supervisor makes a worker's."""
+        from shm.counter import SharedCounter
         from shm.segments import sweep_dead
         from shm.weights import WeightBuffer
         from orchestrator.wire import Bell
@@ -129,6 +130,10 @@ class WorkerHost:
         names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", spec.names.num_inference)
         i, gen = spec.index, spec.gen
         self.res = res = Resources(names, sizes=sizes)
+        # the version word, as the supervisor makes it: the bell's semaphore is named after its
+        # segment and a sweep judges the semaphore by that segment (without it, the sweep of a
+        # second host starting on this node unlinked this one's bell before its worker attached it)
+        res.counter = res.own(SharedCounter.create(names.version))
         res.bell = res.own(Bell.create(names.bell))
         res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
         self.req, self.out, self.ctl = res.inference_rings(i, gen)

@@ -91,7 +91,7 @@ def _gone(pids, timeout):
 
 
 def test_workers_on_another_node_keep_every_promise(cluster, tmp_path):
-    out = _run(cluster, tmp_path, "run.total_steps=30")
+    out = _run(cluster, tmp_path, "run.total_steps=30", "rollout.max_observed_offpolicyness=2")
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "logs" / "supervisor.log").read_text()
     assert log.count("records over Ray (another node)") == 2, log
@@ -100,7 +100,7 @@ def test_workers_on_another_node_keep_every_promise(cluster, tmp_path):
     assert sorted(sent) == [(0, 0), (1, 0)] and all(n > 0 for n in sent.values()), sent
     s = steps(tmp_path)
     assert [r["step"] for r in s] == list(range(1, 31))
-    assert max(r["age_max"] for r in s) <= 2
+    assert max(r["age_max"] for r in s) <= 2        # the hard bound (the gate alone allows S + 1)
     assert sum(r["weight_sync_s"] is not None for r in s) > 0
     audit = _audit(tmp_path)
     assert audit["ok"], audit["failures"]
