@@ -694,6 +694,9 @@ class PlacementConfig(_Section):
     ray_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="connecting to the "
                                  "cluster and reserving the placement group (else exit 2 naming "
                                  "what is missing)")
+    weight_bucket_mb: int = Field(16, ge=1, le=4096, description="weights to an inference worker "
+                                  "on another node go over a gloo pair in buckets of this many MiB, "
+                                  "each CRC-32 checked")
 
 
 class AlgoConfig(_Section):
@@ -914,8 +917,8 @@ class Config(_Section):
                              f"worker {tp} devices")
         place = self.placement
         if place.mode == "local":
-            changed = [k for k, off in (("inference_gpus", 0), ("inference_resources", {}))
-                       if getattr(place, k) != off]
+            changed = [k for k, off in (("inference_gpus", 0), ("inference_resources", {}),
+                                        ("weight_bucket_mb", 16)) if getattr(place, k) != off]
             if changed:
                 raise ValueError(f"placement.{changed[0]} places workers on a Ray cluster: it needs "
                                  f"placement.mode=ray")

@@ -1,7 +1,7 @@
 """The Ray path of `placement.mode: ray` against shared memory, measured in the same run.
 
     python scripts/bench_placement.py [--record-kb 64,1024] [--records 400] [--weights-mb 16,128]
-                                      [--rounds 3] [--address HOST:PORT]
+                                      [--bucket-mb 16] [--rounds 3] [--address HOST:PORT]
 
 Without `--address` it starts a cluster of its own on this machine (`ray.cluster_utils.Cluster`: a
 head and a node with the custom resource `node_b`, bound to 127.0.0.1), so the host actor sits in
@@ -13,9 +13,12 @@ figure is Ray's overhead, not a network's). Two tables, medians and the min-max 
   does), the driver pulls them with `exchange` calls and unwraps their frames (sequence and CRC-32
   checked), as `HostedWorker`'s pump does. Baseline: the same records through one shared-memory
   `Ring` from a producer process to this process (local mode). Figures: records/s, MB/s, ratio.
-- weights: a published version of M MB to the node's weight buffer, as the pump sends it: put into
-  Ray's object store, then one `exchange` whose host writes it into its node's buffer. Baseline: a
-  memcpy of the same bytes between two numpy arrays. Figures: ms per version, ratio.
+- weights: a published version of M MB from a shm weight buffer on the driver's side into node_b's
+  weight buffer, as the pump sends it: the `exchange` that announces it is issued, the version goes
+  over the host's gloo pair (`ray_weights`, buckets of `--bucket-mb`, CRC-32 checked, straight from
+  the slot into the other node's slot), the exchange is awaited (the host has published it then).
+  Baseline: a memcpy of the same bytes between two numpy arrays. Figures: ms per version, MB/s,
+  ratio; two untimed versions first (every buffer's pages touched on both sides).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from orchestrator.runtime.resources import RingSizes, RunNames  # noqa: E402
 from orchestrator.runtime.worker_base import WorkerSpec  # noqa: E402
 
 now = time.perf_counter
-STORE = 1 << 30            # each node's object store: a version of the largest weights, twice
+STORE = 1 << 30            # each node's object store (the rollouts' Ray calls pass through it)
 
 
 def _spread(xs: list) -> str:
@@ -80,6 +83,7 @@ def main() -> int:
     ap.add_argument("--record-kb", default="64,1024")
     ap.add_argument("--records", type=int, default=400)
     ap.add_argument("--weights-mb", default="16,128")
+    ap.add_argument("--bucket-mb", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--address", default=None)
     args = ap.parse_args()
@@ -134,7 +138,7 @@ def main() -> int:
                     spec.names.out(0, 0), spec.names.bell, n, size)
                 got, t0 = 0, None
                 while got < n:
-                    reply = ray.get(host.exchange.remote([], -1, None, 0.05), timeout=60)
+                    reply = ray.get(host.exchange.remote([], False, 0.05), timeout=60)
                     for f in reply["out"]:
                         frames_got.unwrap(f)
                         got += 1
@@ -149,26 +153,48 @@ def main() -> int:
             print(f"| {kb} | {_spread(rates)} | {_spread(mb(rates))} | {_spread(base)} | "
                   f"{_spread(mb(base))} | {_spread([a / b for a, b in zip(rates, base)])} |")
 
-        print("\nweights: one version of M MB into node_b's weight buffer vs a memcpy of the bytes")
-        print("| M MB | Ray path ms | memcpy ms | Ray / memcpy |")
-        print("| --- | --- | --- | --- |")
-        for mb_ in mbs:
-            size = mb_ << 20
-            src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
-            dst = np.empty_like(src)
-            ray_ms, copy_ms = [], []
-            for r in range(args.rounds):
-                src[:8] = r                   # a version's fresh bytes
-                t0 = now()
-                ref = ray.put(src)
-                ray.get(host.exchange.remote([], r + 1, ref, 0.0), timeout=120)
-                ray_ms.append((now() - t0) * 1e3)
-                del ref
-                t0 = now()
-                np.copyto(dst, src)
-                copy_ms.append((now() - t0) * 1e3)
-            print(f"| {mb_} | {_spread(ray_ms)} | {_spread(copy_ms)} | "
-                  f"{_spread([a / b for a, b in zip(ray_ms, copy_ms)])} |")
+        print(f"\nweights: one version of M MB into node_b's weight buffer over gloo (buckets of "
+              f"{args.bucket_mb} MiB) vs a memcpy of the bytes")
+        print("| M MB | gloo ms | MB/s | memcpy ms | gloo / memcpy |")
+        print("| --- | --- | --- | --- | --- |")
+        from orchestrator.runtime.ray_weights import Rendezvous
+        from shm.segments import segment_name
+        from shm.weights import WeightBuffer
+        ip = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_b)
+        here = ray.get_runtime_context().get_node_id()
+        rdv = Rendezvous(next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == here),
+                         60.0)
+        joined = host.pair.remote(rdv.ip, rdv.port, "bench", ip, 60.0)
+        pair = rdv.pair("bench")
+        ray.get(joined, timeout=120)
+        wbuf = WeightBuffer.create(segment_name(f"{os.getpid()}-bench", "weights"), nbytes)
+        version = 0
+        try:
+            for mb_ in mbs:
+                size = mb_ << 20
+                src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+                dst = np.empty_like(src)
+                gloo_ms, copy_ms = [], []
+                for r in range(-2, args.rounds):  # two untimed rounds: both slots and dst touched
+                    version += 1
+                    src[:8] = version             # a version's fresh bytes
+                    wbuf.publish(src, version)
+                    t0 = now()
+                    call = host.exchange.remote([], True, 0.0)
+                    pair.send_latest(wbuf, version, args.bucket_mb << 20)
+                    ray.get(call, timeout=120)
+                    took = (now() - t0) * 1e3
+                    t0 = now()
+                    np.copyto(dst, src)
+                    if r >= 0:
+                        gloo_ms.append(took)
+                        copy_ms.append((now() - t0) * 1e3)
+                print(f"| {mb_} | {_spread(gloo_ms)} | {_spread([size / 1e3 / x for x in gloo_ms])} | "
+                      f"{_spread(copy_ms)} | {_spread([a / b for a, b in zip(gloo_ms, copy_ms)])} |")
+        finally:
+            pair.close()
+            wbuf.close()
+            wbuf.unlink()
         ray.get(host.close.remote(), timeout=60)
     finally:
         ray.shutdown()

@@ -7,7 +7,8 @@
   forks every worker.
 - `placement`: each worker's devices, threads and environment (its `WorkerSpec`).
 - `ray_cluster`, `ray_host`: `placement.mode: ray`, inference workers hosted by Ray actors on a
-  cluster's nodes (the driver's side and the node's); Ray is imported there only.
+  cluster's nodes (the driver's side and the node's); Ray is imported there only. `ray_weights`:
+  the gloo pair (torch.distributed) that carries weights to a host on another node.
 - `rank_failures`: trainer ranks fail together; the supervisor names the cause.
 - `liveness`: a stamp thread per worker, so a worker that stops answering is noticed in seconds.
 - `background_save`: checkpoints off the trainer's critical path.

@@ -15,36 +15,45 @@ its node (the batch ring stays shared memory). Ray is imported here only, and on
 - `start(spec) -> HostedWorker`: the worker's host actor
   (`orchestrator.runtime.ray_host.WorkerHost`) in bundle `spec.index` (kept across restarts while it
   lives, a new one in the same bundle otherwise) starts the worker. Bridged when the bundle's node is
-  not the driver's: the worker's records then travel over Ray (`HostedWorker`'s pump), else it
-  attaches the supervisor's shm objects as in local mode. The choice is logged per worker.
+  not the driver's: the worker's records then travel over Ray (`HostedWorker`'s pump) and its
+  weights over a gloo pair of its own (`ray_weights`: made at every start, so a restarted worker or
+  host gets a new one; the run's store on the driver's node, each end bound to its node's IP as Ray
+  reports it); else it attaches the supervisor's shm objects (rings and weight buffer) as in local
+  mode. The choice is logged per worker ("records over Ray", "weights over gloo from ip:port").
 - `HostedWorker` stands for the worker process where the supervisor keeps its processes (`pid`,
   `exitcode`, `is_alive()`, `kill()`, `join(timeout)`), so death, hangs, restarts and shutdown are
   handled as for a local worker; a host actor that dies (its node lost) is a dead worker (exit code
   -9) named so in the log. Its pump thread (owned by it, ended by the worker's exit or `stop()`,
-  joined within `PUMP_JOIN_S`) moves a bridged worker's traffic: records from the supervisor's
-  request ring (at most one `LoadWeights` per call, with the published weights of its version, put
-  once in Ray's object store and shared by every host) go to the host; what the host returns goes
-  into the supervisor's rollout and control rings (the doorbell rung) and its progress and
-  liveness ages into the supervisor's words, so `liveness.overdue` judges a remote worker as a
-  local one. Every Ray call has a timeout (`CALL_TIMEOUT_S`); a call that fails is the host's death.
+  joined within `PUMP_JOIN_S`; it closes the worker's pair when it ends) moves a bridged worker's
+  traffic: records from the supervisor's request ring go to the host, at most one `LoadWeights` per
+  call: that call is issued first, then the pump sends the latest published version (>= the
+  record's) over the pair straight from the supervisor's shm slot in `placement.weight_bucket_mb`
+  buckets, then awaits the call, whose host has received, checked and published it before it
+  forwards the record (the worker loads, verifies and acknowledges with `WeightsLoaded` as in local
+  mode). What the host returns goes into the supervisor's rollout and control rings (the doorbell
+  rung) and its progress and liveness ages into the supervisor's words, so `liveness.overdue` judges
+  a remote worker as a local one. Every Ray call has a timeout (`CALL_TIMEOUT_S`), every gloo
+  operation `GLOO_TIMEOUT_S`; a call or a transfer that fails (damaged, cut, stalled) is the host's
+  death. When the pump ends it logs what went over its pair (versions, MB, buckets).
+  Why the sender is here and not in trainer rank 0: see `ray_weights`.
 - `close(deadline)`: stops every pump, closes every host (its worker killed, its node's objects
   freed), kills the actors, removes the placement group and disconnects; bounded by `deadline`
   plus `CALL_TIMEOUT_S`. A driver killed with SIGKILL takes its actors with it (Ray's owner
   semantics: they belong to the driver's job) and their workers die with them.
-Not built yet (issue #27): weights to other nodes by a broadcast from trainer rank 0 on a process
-group (they go through Ray's object store from the supervisor's weight buffer), CUDA IPC to
-GPU workers in ray mode, rescheduling the bundles of a lost node, the placement benchmark.
+Ray mode needs torch on every node (the `ray` extra brings it): `connect` refuses to start without it
+(exit 2). Not built yet (issue #27): GPU inference workers in ray mode (CUDA IPC on the driver's
+node, NCCL between nodes: weights to other nodes go over gloo on CPU).
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
 from typing import Optional
-
-import numpy as np
 
 from orchestrator import messages
 from orchestrator.errors import RunFailed
@@ -61,6 +70,8 @@ LOST = -9                  # the exit code of a worker whose host actor died
 MAX_FRAMES = 64            # request records per exchange
 PROBE_S = 5.0              # the cluster's address must accept a connection within this
 CARRY_WAIT_S = 0.005       # a pump whose records wait for room in the supervisor's ring pauses
+GLOO_TIMEOUT_S = 20.0      # a pair's rendezvous (the host imports torch first) and each gloo op;
+                           # under CALL_TIMEOUT_S, so a host stuck in a receive is free again by then
 
 
 def _ray():
@@ -76,14 +87,16 @@ class RayCluster:
         self.driver_node = ""
         self.hosts: dict[int, tuple] = {}          # worker index -> (actor, bridged, node id)
         self.workers: list["HostedWorker"] = []
-        self._weights: dict[int, object] = {}      # the latest version -> its ObjectRef (pumps share it)
-        self._weights_lock = threading.Lock()
+        self._rendezvous = None                    # the gloo pairs' store, made at the first bridged start
         self._actor_cls = None
 
     # ------------------------------------------------------------------ connect
     def connect(self) -> None:
         ray = _ray()
         place = self.cfg.placement
+        if importlib.util.find_spec("torch") is None:
+            raise RunFailed("placement.mode=ray needs torch (weights to inference workers on other "
+                            "nodes go over a torch.distributed gloo pair): pip install -e '.[ray]'", 2)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__import__("orchestrator").__file__)))
         self._reachable(place.ray_address, min(PROBE_S, place.ray_timeout_s))
         # ray.init makes SIGTERM exit the driver at once: the run's handlers are put back, and a
@@ -195,6 +208,7 @@ class RayCluster:
             try:
                 pid = ray.get(actor.start.remote(spec, self.res.sizes, self.res.weights.nbytes),
                               timeout=CALL_TIMEOUT_S)
+                pair = self._pair(actor, i, spec.gen, node) if bridged else None
                 break
             except Exception as exc:
                 if time.monotonic() > deadline:
@@ -207,9 +221,33 @@ class RayCluster:
                 ray.kill(actor)
                 actor, first = None, first or node
                 time.sleep(STATUS_S)
-        worker = HostedWorker(self, actor, bridged, spec, pid, node)
+        worker = HostedWorker(self, actor, bridged, spec, pid, node, pair)
         self.workers.append(worker)
         return worker
+
+    def _pair(self, actor, i: int, gen: int, node: str):
+        """A new gloo pair with the host of worker i (the driver's end: rank 0, the sender)."""
+        ray = _ray()
+        from orchestrator.runtime.ray_weights import Rendezvous
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        if self._rendezvous is None:
+            self._rendezvous = Rendezvous(ips[self.driver_node], GLOO_TIMEOUT_S)
+        rdv = self._rendezvous
+        key = f"{self.run_id}/{i}/{gen}/{secrets.token_hex(3)}"
+        joined = actor.pair.remote(rdv.ip, rdv.port, key, ips.get(node, ""), GLOO_TIMEOUT_S)
+        try:
+            pair = rdv.pair(key)
+        except Exception:
+            ray.get(joined, timeout=CALL_TIMEOUT_S)     # the host's reason, where it has one
+            raise
+        try:
+            ray.get(joined, timeout=CALL_TIMEOUT_S)
+        except BaseException:
+            pair.close()
+            raise
+        log.info("inference worker %d: weights over gloo from %s:%d (a pair of its own, buckets of "
+                 "%d MiB, CRC-32 checked)", i, rdv.ip, rdv.port, self.cfg.placement.weight_bucket_mb)
+        return pair
 
     def _bundle_node(self, i: int, lost: str, deadline: float) -> str:
         """The alive node bundle i is placed on, waiting until `deadline` for Ray to place it again
@@ -230,19 +268,6 @@ class RayCluster:
                                 f"{self._totals()})")
             time.sleep(STATUS_S)
 
-    def weights_ref(self, version: int) -> tuple:
-        """(v, ref): the latest published weights, version v >= `version`, in Ray's object store
-        (put once per version, shared by the pumps; a local worker too loads the latest)."""
-        with self._weights_lock:
-            latest = self.res.weights.latest_version()
-            if latest not in self._weights:      # put straight from the shm slot: one copy
-                put = {}
-                got = self.res.weights.read_with(
-                    lambda view, v: put.update(ref=_ray().put(np.frombuffer(view, np.uint8))),
-                    timeout=CALL_TIMEOUT_S, min_version=version)
-                self._weights = {got: put["ref"]}    # older versions are no longer asked for
-            return next(iter(self._weights.items()))
-
     # ------------------------------------------------------------------ end
     def close(self, deadline: float) -> None:
         ray = _ray()
@@ -261,16 +286,19 @@ class RayCluster:
             from ray.util import remove_placement_group
             remove_placement_group(self.pg)
             self.pg = None
-        self._weights.clear()
+        self._rendezvous = None                     # its store stops with it
         ray.shutdown()
 
 
 class HostedWorker:
     """An inference worker hosted by a Ray actor, where the supervisor keeps its processes."""
 
-    def __init__(self, cluster: RayCluster, actor, bridged: bool, spec, pid: int, node: str) -> None:
+    def __init__(self, cluster: RayCluster, actor, bridged: bool, spec, pid: int, node: str,
+                 pair=None) -> None:
         self.cluster, self.actor, self.bridged, self.spec, self.pid = cluster, actor, bridged, spec, pid
         self.node = node
+        self.pair = pair                   # bridged: the gloo pair its weights go over
+        self.sent = [0, 0, 0, 0.0]         # weights over the pair: versions, bytes, buckets, seconds
         self.name = f"arl-inference{spec.index}g{spec.gen}"
         self.exitcode: Optional[int] = None
         self.error = ""                    # why the worker is counted dead when it is not its exit
@@ -320,13 +348,14 @@ class HostedWorker:
         res, i = self.cluster.res, self.spec.index
         req, out, ctl = res.inference_req[i], res.inference_out[i], res.inference_ctl[i]
         words = (res.heartbeats[("inference", i)], res.liveness[("inference", i)])
+        bucket = self.cluster.cfg.placement.weight_bucket_mb << 20
         to_host = Frames("requests to the host")
         from_out, from_ctl = Frames("rollouts from the host"), Frames("control records from the host")
         carry: list = []              # records the supervisor's rings could not take yet
         pending = 0
         try:
             while not self._stop.is_set():
-                frames, version, weights = [], -1, None
+                frames, weights = [], -1      # weights: the LoadWeights version among the frames
                 while pending == 0 and not carry and len(frames) < MAX_FRAMES:
                     try:
                         raw = req.get(timeout=0.0)
@@ -335,14 +364,23 @@ class HostedWorker:
                     frames.append(to_host.wrap(raw))
                     msg = messages.decode(raw)
                     if isinstance(msg, messages.LoadWeights) and res.weights.nbytes:
-                        version, weights = self.cluster.weights_ref(msg.version)
+                        weights = msg.version
                         break
+                call = self.actor.exchange.remote(frames, weights >= 0, 0.0 if carry else WAIT_S)
+                if weights >= 0:              # the host receives them before it forwards the record
+                    try:
+                        t0 = time.monotonic()
+                        _, nbytes, buckets = self.pair.send_latest(res.weights, weights, bucket)
+                    except Exception as exc:
+                        return self._dead(LOST, f"its weights over gloo to node {self.node[:12]} "
+                                                f"failed ({type(exc).__name__}: {_first_line(exc)})")
+                    self.sent = [self.sent[0] + 1, self.sent[1] + nbytes, self.sent[2] + buckets,
+                                 self.sent[3] + time.monotonic() - t0]
                 try:
-                    reply = ray.get(self.actor.exchange.remote(frames, version, weights,
-                                                               0.0 if carry else WAIT_S),
-                                    timeout=CALL_TIMEOUT_S)
+                    reply = ray.get(call, timeout=CALL_TIMEOUT_S)
                 except ChannelError as exc:
-                    return self._dead(LOST, f"its records were damaged in transit: {exc}")
+                    return self._dead(LOST, f"its traffic was damaged or cut in transit: "
+                                            f"{_first_line(getattr(exc, 'cause', None) or exc)}")
                 except Exception as exc:
                     return self._dead(LOST, self._gone(exc))
                 pending = reply["pending"]
@@ -361,6 +399,13 @@ class HostedWorker:
             self._dead(LOST, f"its records were damaged in transit: {exc}")
         except BaseException as exc:     # the pump is the worker's only link: without it, it is lost
             self._dead(LOST, f"its traffic stopped: {type(exc).__name__}: {_first_line(exc)}")
+        finally:
+            if self.pair is not None:
+                self.pair.close()
+            versions, nbytes, buckets, took = self.sent
+            log.info("inference worker %d (generation %d): %d weight versions over gloo, %.1f MB in "
+                     "%d CRC-checked buckets, %.2f s sending", i, self.spec.gen, versions, nbytes / 1e6,
+                     buckets, took)
 
     def _gone(self, exc: BaseException) -> str:
         return (f"its Ray host actor on node {self.node[:12]} is gone ({type(exc).__name__}: "

@@ -10,21 +10,29 @@ starts it on its node and, for a worker on another node than the supervisor's, c
   process: it dies with the actor, `worker_base.die_with_parent`). Bridged (`WorkerHost(True)`, a
   worker on another node): first sweeps this node's segments and scratch directories of dead runs,
   then makes the worker's objects here under a namespace of its own (`RunNames` with this process's
-  run id: its bell, weight buffer, request/rollout/control rings and progress/liveness words) and a
+  run id: its version word and bell, weight buffer, request/rollout/control rings and progress/liveness words) and a
   scratch directory of its own, so nothing of the supervisor's node is needed. Not bridged (the
   supervisor's node): the worker attaches the supervisor's objects by their names, as in local mode.
   A restart calls `start` again with the next generation (the old objects are freed first).
-- `exchange(frames, version, weights, wait_s) -> dict` (bridged): the supervisor's pump hands over
-  request records (`Frames`: sequence numbered and CRC-checked; a gap or a bad checksum raises
-  `ChannelError`, never wrong bytes) and, with a `LoadWeights` among them, the published weights of
-  `version`, which are written to this node's weight buffer first; the records go into the worker's
-  request ring as space allows (the rest wait here; `pending` says how many, and the pump sends no
-  more meanwhile, so the request ring's back-pressure reaches the supervisor). It returns what the
-  worker put on its rollout and control rings (framed, at most `PULL_BYTES` a call), the ages of its
-  progress and liveness words in ms (None while never stamped), and its exit code (None while it
-  runs). With nothing to return it waits up to `wait_s` on the worker's bell.
+- `pair(ip, port, key, device_ip, timeout_s) -> int` (bridged, after `start`): joins the gloo pair
+  `key` the driver makes for this worker (`ray_weights`: rank 1, this node's end bound to
+  `device_ip`, the driver's store at ip:port); a previous pair is closed first, so a restarted
+  worker never uses a pair that failed mid-transfer. Returns this actor's pid.
+- `exchange(frames, weights, wait_s) -> dict` (bridged): the supervisor's pump hands over request
+  records (`Frames`: sequence numbered and CRC-checked; a gap or a bad checksum raises
+  `ChannelError`, never wrong bytes); with `weights` (a `LoadWeights` among them) it first receives
+  the published version over the pair straight into this node's weight buffer and publishes it
+  there (buckets CRC-checked: damage or a peer that stops raises within the pair's timeout, nothing
+  is published); the records go into the worker's request ring as space allows (the rest wait
+  here; `pending` says how many, and the pump sends no more meanwhile, so the request ring's
+  back-pressure reaches the supervisor). It returns what the worker put on its rollout and control
+  rings (framed, at most `PULL_BYTES` a call), the ages of its progress and liveness words in ms
+  (None while never stamped), and its exit code (None while it runs). With nothing to return it
+  waits up to `wait_s` on the worker's bell.
 - `status()` (not bridged): the exit code. `kill_worker()`: SIGKILL to the worker. `close()`:
-  kills the worker, frees everything `start` made and removes the scratch directory; bounded.
+  kills the worker, closes its pair, frees everything `start` made and removes the scratch
+  directory; bounded.
+Not built: NCCL between GPUs for GPU inference workers on other nodes (ray mode has none yet).
 """
 from __future__ import annotations
 
@@ -81,6 +89,7 @@ class WorkerHost:
         self.pending: deque = deque()
         self.req = self.out = self.ctl = None
         self.words: tuple = ()
+        self.weights = None                       # bridged: the gloo pair the weights arrive on
 
     def node_id(self) -> str:
         import ray
@@ -94,6 +103,7 @@ class WorkerHost:
         bridged, this node's objects made (`scripts/bench_placement.py` drives them without a
         worker)."""
         self._stop_worker()
+        self._unpair()
         self._free()
         spec = dataclasses.replace(spec, parent_pid=os.getpid(),
                                    devices=tuple(str(int(g)) for g in _gpu_ids()))
@@ -111,6 +121,7 @@ class WorkerHost:
     def _own_objects(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> WorkerSpec:
         """This node's copies of the worker's objects (a `Resources` of its own, under a run id of
         this process's own), made as the supervisor makes a worker's."""
+        from shm.counter import SharedCounter
         from shm.segments import sweep_dead
         from shm.weights import WeightBuffer
         from orchestrator.wire import Bell
@@ -119,6 +130,10 @@ class WorkerHost:
         names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", spec.names.num_inference)
         i, gen = spec.index, spec.gen
         self.res = res = Resources(names, sizes=sizes)
+        # the version word, as the supervisor makes it: the bell's semaphore is named after its
+        # segment and a sweep judges the semaphore by that segment (without it, the sweep of a
+        # second host starting on this node unlinked this one's bell before its worker attached it)
+        res.counter = res.own(SharedCounter.create(names.version))
         res.bell = res.own(Bell.create(names.bell))
         res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
         self.req, self.out, self.ctl = res.inference_rings(i, gen)
@@ -131,11 +146,30 @@ class WorkerHost:
         self.frames_ctl = Frames("control records from the worker")
         return dataclasses.replace(spec, names=names, env={**spec.env, scratch.ENV: self.scratch})
 
-    def exchange(self, frames: list, version: int = -1, weights=None, wait_s: float = 0.05) -> dict:
+    def pair(self, ip: str, port: int, key: str, device_ip: str, timeout_s: float) -> int:
+        from orchestrator.runtime import ray_weights       # torch: only a bridged host needs it
+        self._unpair()
+        self.weights = ray_weights.join(ip, port, key, device_ip, timeout_s)
+        return os.getpid()
+
+    def _unpair(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
+
+    def exchange(self, frames: list, weights: bool = False, wait_s: float = 0.05) -> dict:
         for frame in frames:
             self.pending.append(self.frames_in.unwrap(frame))
-        if weights is not None:        # before the LoadWeights record that names it
-            self.res.weights.publish(memoryview(weights).cast("B"), version)
+        if weights:                    # before the LoadWeights record that names it
+            if self.weights is None:
+                raise ChannelError("weights were announced but this host has no gloo pair")
+            try:
+                self.weights.recv_into(self.res.weights)
+            except ChannelError:
+                raise
+            except Exception as exc:   # gloo: the peer closed or stalled past the timeout
+                raise ChannelError(f"weights over gloo: {type(exc).__name__}: "
+                                   f"{_first_line(exc)}") from None
         while self.pending:
             try:
                 self.req.put(self.pending[0], timeout=0.0)
@@ -177,6 +211,7 @@ class WorkerHost:
 
     def close(self) -> None:
         self._stop_worker()
+        self._unpair()
         self._free()
 
 
@@ -190,6 +225,11 @@ def _drain(ring, frames: Frames) -> list:
         got.append(frames.wrap(data))
         size += len(data)
     return got
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _gpu_ids() -> list:

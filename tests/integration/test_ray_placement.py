@@ -2,7 +2,7 @@
 (`ray.cluster_utils.Cluster`, bound to 127.0.0.1), the inference workers placed on the second node
 by a custom resource, so their records travel over Ray, not shared memory. The run keeps its
 promises there: every step, the age bound, every prompt trained exactly once (the audit), a killed
-remote worker restarted, SIGTERM bounded with no actor or worker left, a driver killed with SIGKILL
+remote worker restarted (with a new gloo pair for its weights), SIGTERM bounded with no actor or worker left, a driver killed with SIGKILL
 taking its actors and workers with it and resuming exactly; a placement the cluster cannot hold, or
 no cluster at the address, is exit 2 in one line before any worker starts."""
 import json
@@ -55,6 +55,13 @@ def _run(cluster, run_dir, *overrides, timeout=180):
                timeout=timeout, env=LOOPBACK)
 
 
+def _gloo(log: str) -> dict:
+    """(worker, generation) -> weight versions its pump sent over its gloo pair (its last log line)."""
+    import re
+    pat = r"inference worker (\d+) \(generation (\d+)\): (\d+) weight versions over gloo"
+    return {(int(w), int(g)): int(n) for w, g, n in re.findall(pat, log)}
+
+
 def _audit(run_dir):
     out = subprocess.run([sys.executable, "-m", "orchestrator.audit", str(run_dir)], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
@@ -84,13 +91,16 @@ def _gone(pids, timeout):
 
 
 def test_workers_on_another_node_keep_every_promise(cluster, tmp_path):
-    out = _run(cluster, tmp_path, "run.total_steps=30")
+    out = _run(cluster, tmp_path, "run.total_steps=30", "rollout.max_observed_offpolicyness=2")
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "logs" / "supervisor.log").read_text()
     assert log.count("records over Ray (another node)") == 2, log
+    assert log.count("weights over gloo from 127.0.0.1:") == 2, log
+    sent = _gloo(log)
+    assert sorted(sent) == [(0, 0), (1, 0)] and all(n > 0 for n in sent.values()), sent
     s = steps(tmp_path)
     assert [r["step"] for r in s] == list(range(1, 31))
-    assert max(r["age_max"] for r in s) <= 2
+    assert max(r["age_max"] for r in s) <= 2        # the hard bound (the gate alone allows S + 1)
     assert sum(r["weight_sync_s"] is not None for r in s) > 0
     audit = _audit(tmp_path)
     assert audit["ok"], audit["failures"]
@@ -103,22 +113,36 @@ def test_a_worker_on_the_driver_s_node_keeps_the_shm_rings(cluster, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "logs" / "supervisor.log").read_text()
     assert "inference worker 0: bundle 0 on node" in log and "shm rings (the driver's node)" in log
-    assert "records over Ray" not in log
+    assert "records over Ray" not in log and "over gloo" not in log
     audit = _audit(tmp_path)
     assert audit["ok"], audit["failures"]
     assert _gone(worker_pids(tmp_path).values(), 10) and _hosts() == []
 
 
-def test_a_killed_remote_worker_is_restarted_and_nothing_is_lost(cluster, tmp_path):
-    proc = _start(cluster, tmp_path, "run.total_steps=40", *SLOW)
+@pytest.mark.parametrize("victim, workers", [("worker", 2), ("host", 1)])
+def test_a_killed_remote_worker_is_restarted_and_nothing_is_lost(cluster, tmp_path, victim, workers):
+    """kill -9 of a remote worker (the other worker carries on) or of its host actor (the only
+    worker: the run cannot end without its restart, whose new gloo pair carries its weights)."""
+    proc = _start(cluster, tmp_path, "run.total_steps=40", f"inference.num_workers={workers}", *SLOW)
     wait_for_step(proc, tmp_path, 5, timeout=120)
-    victim = worker_pids(tmp_path)["inference0"]
-    os.kill(victim, signal.SIGKILL)
+    victim_pid = worker_pids(tmp_path)["inference0"]
+    if victim == "host":
+        hosts = _hosts()
+        assert len(hosts) == 1, hosts
+        hosts[0].kill()
+    else:
+        os.kill(victim_pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
     events = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if '"event"' in line]
     assert [(e["event"], e["worker"]) for e in events] == [("worker_restart", 0)]
-    assert worker_pids(tmp_path)["inference0"] != victim
+    assert worker_pids(tmp_path)["inference0"] != victim_pid
+    log = (tmp_path / "logs" / "supervisor.log").read_text()
+    assert log.count("weights over gloo from") == workers + 1, log    # the restart's new pair
+    sent = _gloo(log)
+    assert sent.get((0, 0), 0) > 0 and (0, 1) in sent, sent
+    if workers == 1:
+        assert sent[(0, 1)] > 0, sent
     audit = _audit(tmp_path)
     assert audit["ok"], audit["failures"]
     assert _hosts() == []
@@ -255,7 +279,10 @@ def test_the_default_job_learns_with_its_inference_on_another_node(cluster, tmp_
     learns within test_default_learns's bounds (the same job in local mode)."""
     import numpy as np
     cfg, _, s = run_embedded(tmp_path, overrides=_placed(cluster), env=LOOPBACK)
-    assert "records over Ray (another node)" in (tmp_path / "logs" / "supervisor.log").read_text()
+    log = (tmp_path / "logs" / "supervisor.log").read_text()
+    assert "records over Ray (another node)" in log and "weights over gloo from" in log
+    sent = _gloo(log)
+    assert sent and all(n > 0 for n in sent.values()), sent
     rewards = np.array([r["reward_mean"] for r in s])
     first, last = rewards[:10].mean(), rewards[-10:].mean()
     assert last >= 0.7 and last - first >= 0.5, (first, last)

@@ -1,7 +1,8 @@
 """`placement` (issue #27): local by default, where Ray is never imported; ray-mode keys refused
 outside ray mode and inference.devices refused inside it (Ray assigns them), each in one line naming
 the key; the framing of records between the supervisor and a Ray host numbers and checks them, so
-a lost, repeated or damaged record raises instead of arriving."""
+a lost, repeated or damaged record raises instead of arriving; a bridged host's objects on its node
+outlive the sweep of a second host starting there."""
 import subprocess
 import sys
 
@@ -29,6 +30,8 @@ def test_local_is_the_default_and_ray_mode_reads_its_keys():
 @pytest.mark.parametrize("overrides, names", [
     (["placement.inference_gpus=1"], "placement.inference_gpus"),
     (["placement.inference_resources={node_b: 1}"], "placement.inference_resources"),
+    (["placement.weight_bucket_mb=4"], "placement.weight_bucket_mb"),
+    (["placement.mode=ray", "placement.weight_bucket_mb=0"], "placement.weight_bucket_mb"),
     (["placement.mode=ray", "inference.backend=torch", "actor.backend=torch",
       "inference.devices=[0]"], "inference.devices"),
     (["placement.mode=kubernetes"], "placement.mode"),
@@ -64,3 +67,22 @@ def test_frames_number_and_check_every_record():
         fresh.unwrap(f)
     with pytest.raises(ChannelError, match="CRC-32"):
         fresh.unwrap((seq, crc, b"pAyload"))
+
+
+def test_a_bridged_host_s_objects_survive_another_host_s_sweep(tmp_path):
+    """Every bridged host sweeps its node's objects of dead runs when it starts; the bell of a host
+    already there (a semaphore, judged by the segment it is named after) must survive that."""
+    import os
+    from orchestrator.runtime.ray_host import WorkerHost
+    from orchestrator.runtime.resources import RingSizes, RunNames
+    from orchestrator.runtime.worker_base import WorkerSpec
+    from orchestrator.wire import Bell
+    from shm.segments import sweep_dead
+    host = WorkerHost(True)
+    spec = host._own_objects(WorkerSpec("inference", 0, RunNames("t", 1), {}, os.getpid(),
+                                        str(tmp_path)), RingSizes(), 64)
+    try:
+        sweep_dead()                                  # what the next host's start does
+        Bell.attach(spec.names.bell).close()
+    finally:
+        host.close()

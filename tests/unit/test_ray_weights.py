@@ -1,0 +1,224 @@
+"""`ray_weights` (issue #27 item 3): weights to a host on another node over a real gloo pair of two
+real processes (no Ray). Bytes arrive exactly, bucketed, whatever the size; a slot the trainer
+rewrites mid-send is sent again (the receiver publishes one whole version, never a mix); a slot
+damaged past its seqlock mid-send (its CRC-32s were taken before) raises and publishes nothing; a
+peer that dies mid-transfer makes the other side raise within the pair's timeout.
+
+Each test pauses or kills the peer, or damages the slot, once the receiver's slot shows bucket 0:
+gloo sends a bucket only when the receiver has posted its receive (one bucket ahead), so the last
+bucket has not left the sender by then."""
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from orchestrator.runtime.ray_weights import Rendezvous, join  # noqa: E402
+from shm.segments import SHM_DIR, segment_name  # noqa: E402
+from shm.weights import WeightBuffer  # noqa: E402
+
+CTX = mp.get_context("spawn")
+TIMEOUT_S = 10.0
+BUCKET = 256 << 10
+WAIT_S = 60.0              # a child's start (its torch import) on a loaded machine
+
+
+def _content(version: int, nbytes: int) -> np.ndarray:
+    """Every 8-byte word differs and depends on the version (a mix of two is visible)."""
+    words = -(-nbytes // 8)
+    return (np.arange(words, dtype=np.int64) * 1_000_003 + version * 7_919 + 1).view(np.uint8)[:nbytes]
+
+
+def _peer(role: str, port: int, key: str, buf: str, count: int, q) -> None:
+    """A child: the receiver of `count` versions into weight buffer `buf`, or the sender of its
+    latest version; each outcome goes to q."""
+    wbuf = WeightBuffer.attach(buf)
+    try:
+        pair = join("127.0.0.1", port, key, "127.0.0.1", TIMEOUT_S)
+        q.put(("joined", os.getpid()))
+        for _ in range(count):
+            try:
+                got = (pair.recv_into(wbuf) if role == "recv"
+                       else pair.send_latest(wbuf, 1, BUCKET))
+                q.put(("ok", got))
+            except Exception as exc:
+                q.put(("error", type(exc).__name__, str(exc)))
+                break
+        pair.close()
+    finally:
+        wbuf.close()
+
+
+class Pair:
+    """This process's side (rank 0 of the pair) and a child on the other side."""
+
+    def __init__(self, child_role: str, buf: str, count: int = 1) -> None:
+        self.rdv = Rendezvous("127.0.0.1", WAIT_S)             # the child imports torch first
+        key = uuid.uuid4().hex[:8]
+        self.q = CTX.Queue()
+        self.proc = CTX.Process(target=_peer, args=(child_role, self.rdv.port, key, buf, count, self.q))
+        self.proc.start()
+        self.pair = self.rdv.pair(key)
+        self.pair.timeout_s = TIMEOUT_S
+        assert self.q.get(timeout=WAIT_S)[0] == "joined"
+
+    def close(self) -> None:
+        self.pair.close()
+        self.proc.join(TIMEOUT_S)
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            self.proc.join(TIMEOUT_S)
+
+
+class Side(threading.Thread):
+    """This process's side of a transfer in a thread (joined by the test), its outcome kept."""
+
+    def __init__(self, fn) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.result, self.error = fn, None, None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except Exception as exc:
+            self.error = exc
+
+
+def _buffers(nbytes: int):
+    src = WeightBuffer.create(segment_name("t" + uuid.uuid4().hex[:12], "weights"), nbytes)
+    dst = WeightBuffer.create(segment_name("t" + uuid.uuid4().hex[:12], "weights"), nbytes)
+    return src, dst
+
+
+def _landed(dst: WeightBuffer, nbytes: int, value: int) -> None:
+    """Wait (bounded) until bucket 0 of the version being received shows in dst's free slot."""
+    view = dst.next_slot_view(nbytes)
+    deadline = time.monotonic() + WAIT_S
+    while view[BUCKET - 1] != value:
+        assert time.monotonic() < deadline, "bucket 0 never arrived"
+        time.sleep(0.0005)
+    view.release()
+
+
+def _writable_slot(wbuf: WeightBuffer) -> memoryview:
+    """The published slot of wbuf, mapped writable: writes there bypass its seqlock."""
+    where = []
+    wbuf.read_shared(lambda slot, _v: where.append(slot))
+    slot = where[0]
+    fd = os.open(os.path.join(SHM_DIR, slot.name.lstrip("/")), os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    return memoryview(mm)[slot.offset:slot.offset + slot.nbytes]
+
+
+def _read(wbuf: WeightBuffer, nbytes: int) -> tuple:
+    out = np.zeros(nbytes, np.uint8)
+    return wbuf.read_into(out), out
+
+
+def test_bytes_arrive_exactly_bucketed_whatever_the_size():
+    sizes = [3 * BUCKET + 123, BUCKET, 1, 0]                  # not a multiple, one bucket, tiny, none
+    src, dst = _buffers(max(sizes))
+    p = Pair("recv", dst.name, count=len(sizes))
+    try:
+        for v, n in enumerate(sizes, start=1):
+            src.publish(_content(v, n), v)
+            assert p.pair.send_latest(src, v, BUCKET) == (v, n, -(-n // BUCKET))
+            assert p.q.get(timeout=WAIT_S) == ("ok", v)
+            got, out = _read(dst, n)
+            assert got == v and np.array_equal(out, _content(v, n))
+    finally:
+        p.close()
+        for b in (src, dst):
+            b.close()
+            b.unlink()
+
+
+def test_a_slot_rewritten_mid_send_is_sent_again_never_mixed():
+    n = 64 * BUCKET
+    src, dst = _buffers(n)
+    src.publish(_content(1, n), 1)
+    p = Pair("recv", dst.name)
+    try:
+        send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
+        send.start()
+        _landed(dst, n, _content(1, n)[BUCKET - 1])
+        os.kill(p.proc.pid, signal.SIGSTOP)                  # the receiver holds still meanwhile
+        try:
+            src.publish(_content(2, n), 2)
+            src.publish(_content(3, n), 3)                   # into the slot being sent
+        finally:
+            os.kill(p.proc.pid, signal.SIGCONT)
+        send.join(WAIT_S)
+        assert not send.is_alive() and send.error is None, send.error
+        assert send.result == (3, n, 64)
+        assert p.q.get(timeout=WAIT_S) == ("ok", 3)
+        got, out = _read(dst, n)
+        assert got == 3 and np.array_equal(out, _content(3, n))
+    finally:
+        p.close()
+        for b in (src, dst):
+            b.close()
+            b.unlink()
+
+
+def test_a_slot_damaged_mid_send_raises_and_publishes_nothing():
+    n = 64 * BUCKET
+    src, dst = _buffers(n)
+    src.publish(_content(1, n), 1)
+    p = Pair("recv", dst.name)
+    slot = _writable_slot(src)
+    try:
+        send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
+        send.start()
+        _landed(dst, n, _content(1, n)[BUCKET - 1])
+        slot[n - 1] ^= 0xFF                                  # the last bucket, past the seqlock
+        send.join(WAIT_S)
+        assert not send.is_alive() and send.error is None, send.error
+        kind, name, msg = p.q.get(timeout=WAIT_S)
+        assert (kind, name) == ("error", "ChannelError"), msg
+        assert "bucket 63 of 64" in msg and "CRC-32" in msg, msg
+        assert dst.latest_version() == -1                   # nothing published
+    finally:
+        slot.release()
+        p.close()
+        for b in (src, dst):
+            b.close()
+            b.unlink()
+
+
+@pytest.mark.parametrize("dies", ["receiver", "sender"])
+def test_a_peer_that_dies_mid_transfer_makes_the_other_side_raise(dies):
+    n = 64 * BUCKET
+    src, dst = _buffers(n)
+    src.publish(_content(1, n), 1)
+    if dies == "receiver":          # the child receives, this process sends
+        p = Pair("recv", dst.name)
+        here = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
+    else:                           # the child sends, this process receives
+        p = Pair("send", src.name)
+        here = Side(lambda: p.pair.recv_into(dst))
+    try:
+        here.start()
+        _landed(dst, n, _content(1, n)[BUCKET - 1])
+        os.kill(p.proc.pid, signal.SIGKILL)
+        here.join(TIMEOUT_S + 5)                             # the pair's timeout bounds it
+        assert not here.is_alive(), f"the {dies}'s peer still waits"
+        assert here.error is not None and here.result is None
+        assert dst.latest_version() == -1
+    finally:
+        p.close()
+        for b in (src, dst):
+            b.close()
+            b.unlink()
