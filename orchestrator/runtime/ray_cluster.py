@@ -58,7 +58,7 @@ from typing import Optional
 from orchestrator import messages
 from orchestrator.errors import RunFailed
 from orchestrator.runtime.liveness import now_ms
-from orchestrator.runtime.ray_host import ChannelError, Frames, WorkerHost
+from orchestrator.runtime.ray_host import ChannelError, Frames, WorkerHost, first_line
 from orchestrator.runtime.signals import SIGNALS
 
 log = logging.getLogger("orchestrator.runtime.ray_cluster")
@@ -215,7 +215,7 @@ class RayCluster:
                     raise RunFailed(f"inference worker {i}: no Ray host could start it on node "
                                     f"{(first or node)[:12]} or elsewhere within "
                                     f"placement.ray_timeout_s={timeout:g} ({type(exc).__name__}: "
-                                    f"{_first_line(exc)})") from None
+                                    f"{first_line(exc)})") from None
                 log.warning("inference worker %d: its host on node %s failed (%s); again",
                             i, node[:12], type(exc).__name__)
                 ray.kill(actor)
@@ -373,14 +373,14 @@ class HostedWorker:
                         _, nbytes, buckets = self.pair.send_latest(res.weights, weights, bucket)
                     except Exception as exc:
                         return self._dead(LOST, f"its weights over gloo to node {self.node[:12]} "
-                                                f"failed ({type(exc).__name__}: {_first_line(exc)})")
+                                                f"failed ({type(exc).__name__}: {first_line(exc)})")
                     self.sent = [self.sent[0] + 1, self.sent[1] + nbytes, self.sent[2] + buckets,
                                  self.sent[3] + time.monotonic() - t0]
                 try:
                     reply = ray.get(call, timeout=CALL_TIMEOUT_S)
                 except ChannelError as exc:
                     return self._dead(LOST, f"its traffic was damaged or cut in transit: "
-                                            f"{_first_line(getattr(exc, 'cause', None) or exc)}")
+                                            f"{first_line(getattr(exc, 'cause', None) or exc)}")
                 except Exception as exc:
                     return self._dead(LOST, self._gone(exc))
                 pending = reply["pending"]
@@ -398,7 +398,7 @@ class HostedWorker:
         except ChannelError as exc:
             self._dead(LOST, f"its records were damaged in transit: {exc}")
         except BaseException as exc:     # the pump is the worker's only link: without it, it is lost
-            self._dead(LOST, f"its traffic stopped: {type(exc).__name__}: {_first_line(exc)}")
+            self._dead(LOST, f"its traffic stopped: {type(exc).__name__}: {first_line(exc)}")
         finally:
             if self.pair is not None:
                 self.pair.close()
@@ -409,7 +409,7 @@ class HostedWorker:
 
     def _gone(self, exc: BaseException) -> str:
         return (f"its Ray host actor on node {self.node[:12]} is gone ({type(exc).__name__}: "
-                f"{_first_line(exc)})")
+                f"{first_line(exc)})")
 
     def _deliver(self, carry: list) -> list:
         """Put records into the supervisor's rings in order; what does not fit now stays."""
@@ -421,8 +421,3 @@ class HostedWorker:
                 return carry[n:]
             self.cluster.res.bell.ring()
         return []
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""

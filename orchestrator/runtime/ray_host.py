@@ -169,7 +169,7 @@ class WorkerHost:
                 raise
             except Exception as exc:   # gloo: the peer closed or stalled past the timeout
                 raise ChannelError(f"weights over gloo: {type(exc).__name__}: "
-                                   f"{_first_line(exc)}") from None
+                                   f"{first_line(exc)}") from None
         while self.pending:
             try:
                 self.req.put(self.pending[0], timeout=0.0)
@@ -227,7 +227,7 @@ def _drain(ring, frames: Frames) -> list:
     return got
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
 

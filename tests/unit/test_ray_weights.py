@@ -4,11 +4,12 @@ rewrites mid-send is sent again (the receiver publishes one whole version, never
 damaged past its seqlock mid-send (its CRC-32s were taken before) raises and publishes nothing; a
 peer that dies mid-transfer makes the other side raise within the pair's timeout.
 
-Each test pauses or kills the peer, or damages the slot, once the receiver's slot shows bucket 0:
-gloo sends a bucket only when the receiver has posted its receive (one bucket ahead), so the last
-bucket has not left the sender by then."""
+Each test pauses or kills the peer, or damages the slot (the receiver paused meanwhile), once the
+receiver's slot shows bucket 0 of a long transfer: gloo sends a bucket only when the receiver has
+posted its receive (one bucket ahead), so the last bucket has not left the sender by then."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import multiprocessing as mp
 import os
@@ -28,8 +29,11 @@ from shm.weights import WeightBuffer  # noqa: E402
 
 CTX = mp.get_context("spawn")
 TIMEOUT_S = 10.0
-BUCKET = 256 << 10
+BUCKET = 4 << 10           # small buckets: a transfer is many round trips, so a long one is slow
 WAIT_S = 60.0              # a child's start (its torch import) on a loaded machine
+LONG = 4096                # buckets of a transfer a test cuts or damages once bucket 0 has landed:
+                           # 16 MB in ~0.5 s here, so its last bucket is still far off then (16 MB
+                           # in 256 KiB buckets, ~30 ms, let a busy machine's receiver finish first)
 
 
 def _content(version: int, nbytes: int) -> np.ndarray:
@@ -93,10 +97,24 @@ class Side(threading.Thread):
             self.error = exc
 
 
-def _buffers(nbytes: int):
-    src = WeightBuffer.create(segment_name("t" + uuid.uuid4().hex[:12], "weights"), nbytes)
-    dst = WeightBuffer.create(segment_name("t" + uuid.uuid4().hex[:12], "weights"), nbytes)
-    return src, dst
+@contextlib.contextmanager
+def _transfer(nbytes: int, child: str = "recv", count: int = 1, publish: bool = True):
+    """(src, dst, pair): two weight buffers (src holding version 1 when `publish`) and a Pair whose
+    child receives into dst (`child` "recv") or sends from src ("send"); all closed after."""
+    src = WeightBuffer.create(segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", "weights"), nbytes)
+    dst = WeightBuffer.create(segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", "weights"), nbytes)
+    p = None
+    try:
+        if publish:
+            src.publish(_content(1, nbytes), 1)
+        p = Pair(child, (dst if child == "recv" else src).name, count)
+        yield src, dst, p
+    finally:
+        if p is not None:
+            p.close()
+        for b in (src, dst):
+            b.close()
+            b.unlink()
 
 
 def _landed(dst: WeightBuffer, nbytes: int, value: int) -> None:
@@ -129,28 +147,18 @@ def _read(wbuf: WeightBuffer, nbytes: int) -> tuple:
 
 def test_bytes_arrive_exactly_bucketed_whatever_the_size():
     sizes = [3 * BUCKET + 123, BUCKET, 1, 0]                  # not a multiple, one bucket, tiny, none
-    src, dst = _buffers(max(sizes))
-    p = Pair("recv", dst.name, count=len(sizes))
-    try:
+    with _transfer(max(sizes), count=len(sizes), publish=False) as (src, dst, p):
         for v, n in enumerate(sizes, start=1):
             src.publish(_content(v, n), v)
             assert p.pair.send_latest(src, v, BUCKET) == (v, n, -(-n // BUCKET))
             assert p.q.get(timeout=WAIT_S) == ("ok", v)
             got, out = _read(dst, n)
             assert got == v and np.array_equal(out, _content(v, n))
-    finally:
-        p.close()
-        for b in (src, dst):
-            b.close()
-            b.unlink()
 
 
 def test_a_slot_rewritten_mid_send_is_sent_again_never_mixed():
     n = 64 * BUCKET
-    src, dst = _buffers(n)
-    src.publish(_content(1, n), 1)
-    p = Pair("recv", dst.name)
-    try:
+    with _transfer(n) as (src, dst, p):
         send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
         send.start()
         _landed(dst, n, _content(1, n)[BUCKET - 1])
@@ -166,50 +174,38 @@ def test_a_slot_rewritten_mid_send_is_sent_again_never_mixed():
         assert p.q.get(timeout=WAIT_S) == ("ok", 3)
         got, out = _read(dst, n)
         assert got == 3 and np.array_equal(out, _content(3, n))
-    finally:
-        p.close()
-        for b in (src, dst):
-            b.close()
-            b.unlink()
 
 
 def test_a_slot_damaged_mid_send_raises_and_publishes_nothing():
-    n = 64 * BUCKET
-    src, dst = _buffers(n)
-    src.publish(_content(1, n), 1)
-    p = Pair("recv", dst.name)
-    slot = _writable_slot(src)
-    try:
-        send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-        send.start()
-        _landed(dst, n, _content(1, n)[BUCKET - 1])
-        slot[n - 1] ^= 0xFF                                  # the last bucket, past the seqlock
-        send.join(WAIT_S)
-        assert not send.is_alive() and send.error is None, send.error
-        kind, name, msg = p.q.get(timeout=WAIT_S)
-        assert (kind, name) == ("error", "ChannelError"), msg
-        assert "bucket 63 of 64" in msg and "CRC-32" in msg, msg
-        assert dst.latest_version() == -1                   # nothing published
-    finally:
-        slot.release()
-        p.close()
-        for b in (src, dst):
-            b.close()
-            b.unlink()
+    n = LONG * BUCKET
+    with _transfer(n) as (src, dst, p):
+        slot = _writable_slot(src)
+        try:
+            send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
+            send.start()
+            _landed(dst, n, _content(1, n)[BUCKET - 1])
+            os.kill(p.proc.pid, signal.SIGSTOP)              # the receiver holds still meanwhile
+            try:
+                slot[n - 1] ^= 0xFF                          # the last bucket, past the seqlock
+            finally:
+                os.kill(p.proc.pid, signal.SIGCONT)
+            send.join(WAIT_S)
+            assert not send.is_alive() and send.error is None, send.error
+            kind, name, msg = p.q.get(timeout=WAIT_S)
+            assert (kind, name) == ("error", "ChannelError"), msg
+            assert f"bucket {LONG - 1} of {LONG}" in msg and "CRC-32" in msg, msg
+            assert dst.latest_version() == -1               # nothing published
+        finally:
+            slot.release()
 
 
 @pytest.mark.parametrize("dies", ["receiver", "sender"])
 def test_a_peer_that_dies_mid_transfer_makes_the_other_side_raise(dies):
-    n = 64 * BUCKET
-    src, dst = _buffers(n)
-    src.publish(_content(1, n), 1)
-    if dies == "receiver":          # the child receives, this process sends
-        p = Pair("recv", dst.name)
-        here = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-    else:                           # the child sends, this process receives
-        p = Pair("send", src.name)
-        here = Side(lambda: p.pair.recv_into(dst))
-    try:
+    n = LONG * BUCKET
+    child = "recv" if dies == "receiver" else "send"        # the other side is this process
+    with _transfer(n, child) as (src, dst, p):
+        here = Side(lambda: p.pair.send_latest(src, 1, BUCKET) if child == "recv"
+                    else p.pair.recv_into(dst))
         here.start()
         _landed(dst, n, _content(1, n)[BUCKET - 1])
         os.kill(p.proc.pid, signal.SIGKILL)
@@ -217,8 +213,3 @@ def test_a_peer_that_dies_mid_transfer_makes_the_other_side_raise(dies):
         assert not here.is_alive(), f"the {dies}'s peer still waits"
         assert here.error is not None and here.result is None
         assert dst.latest_version() == -1
-    finally:
-        p.close()
-        for b in (src, dst):
-            b.close()
-            b.unlink()

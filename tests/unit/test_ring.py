@@ -18,7 +18,7 @@ CTX = mp.get_context("spawn")
 
 
 def _name(role: str = "ring") -> str:
-    return segment_name("t" + uuid.uuid4().hex[:12], role)
+    return segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", role)
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])

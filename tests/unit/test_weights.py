@@ -3,6 +3,7 @@ writer process never lets a reader see a torn snapshot (content is derived from 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 import uuid
 
@@ -17,7 +18,7 @@ CTX = mp.get_context("spawn")
 
 
 def _name(role: str) -> str:
-    return segment_name("t" + uuid.uuid4().hex[:12], role)
+    return segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", role)
 
 
 def _content(version: int, nbytes: int) -> np.ndarray:
