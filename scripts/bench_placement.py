@@ -160,11 +160,9 @@ def main() -> int:
         from orchestrator.runtime.ray_weights import Rendezvous
         from shm.segments import segment_name
         from shm.weights import WeightBuffer
-        ip = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_b)
-        here = ray.get_runtime_context().get_node_id()
-        rdv = Rendezvous(next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == here),
-                         60.0)
-        joined = host.pair.remote(rdv.ip, rdv.port, "bench", ip, 60.0)
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        rdv = Rendezvous(ips[ray.get_runtime_context().get_node_id()], 60.0)
+        joined = host.pair.remote(rdv.ip, rdv.port, "bench", ips[node_b], 60.0)
         pair = rdv.pair("bench")
         ray.get(joined, timeout=120)
         wbuf = WeightBuffer.create(segment_name(f"{os.getpid()}-bench", "weights"), nbytes)

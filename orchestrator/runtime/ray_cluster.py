@@ -107,9 +107,8 @@ class RayCluster:
             ray.init(address=place.ray_address, log_to_driver=False, logging_level=logging.WARNING,
                      namespace="arl", runtime_env={"env_vars": {"PYTHONPATH": root}})
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RunFailed(f"placement.ray_address={place.ray_address}: cannot join the Ray cluster "
-                            f"({why})", 2) from None
+                            f"({first_line(exc) or type(exc).__name__})", 2) from None
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)

@@ -121,21 +121,13 @@ class WorkerHost:
     def _own_objects(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> WorkerSpec:
         """This node's copies of the worker's objects (a `Resources` of its own, under a run id of
         this process's own), made as the supervisor makes a worker's."""
-        from shm.counter import SharedCounter
         from shm.segments import sweep_dead
-        from shm.weights import WeightBuffer
-        from orchestrator.wire import Bell
         sweep_dead()
         scratch.sweep_dead()
         names = RunNames(f"{os.getpid()}-{secrets.token_hex(3)}", spec.names.num_inference)
         i, gen = spec.index, spec.gen
         self.res = res = Resources(names, sizes=sizes)
-        # the version word, as the supervisor makes it: the bell's semaphore is named after its
-        # segment and a sweep judges the semaphore by that segment (without it, the sweep of a
-        # second host starting on this node unlinked this one's bell before its worker attached it)
-        res.counter = res.own(SharedCounter.create(names.version))
-        res.bell = res.own(Bell.create(names.bell))
-        res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
+        res.core(weight_nbytes)       # the version word too: the bell's sweep is judged by it
         self.req, self.out, self.ctl = res.inference_rings(i, gen)
         res.fresh_words("inference", i, gen)
         self.words = (res.heartbeats[("inference", i)], res.liveness[("inference", i)])

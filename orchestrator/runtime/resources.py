@@ -18,9 +18,9 @@ run takes, by part (preflight compares it with the free space).
 
 `create_resources(names, weight_nbytes, sizes, trainer_ranks) -> Resources` creates them all (the
 version counter, the doorbell, the weight buffer, every ring) or, on any failure, frees what it
-made and raises. `Resources` owns each object it holds (`own`, `disown`: close + unlink), makes a
-restarted worker's fresh rings (`inference_rings`) and words (`fresh_words`: progress and liveness),
-and `free_resources(res)` closes and unlinks everything in reverse creation order, logging (not
+made and raises. `Resources` owns each object it holds (`own`, `disown`: close + unlink), makes the
+version word, doorbell and weight buffer together (`core`), a restarted worker's fresh rings
+(`inference_rings`) and words (`fresh_words`: progress and liveness), and `free_resources(res)` closes and unlinks everything in reverse creation order, logging (not
 raising) what fails so the rest is still freed.
 """
 from __future__ import annotations
@@ -206,6 +206,16 @@ class Resources:
             if old is not None:
                 self.disown(old)
 
+    def core(self, weight_nbytes: int) -> None:
+        """The version word, the doorbell and the weight buffer, in that order: the bell's
+        semaphore is named after the version word's segment, and a sweep judges it by that
+        segment, so the two are made together (a Ray host makes its node's copies with this too)."""
+        from shm.counter import SharedCounter
+        from shm.weights import WeightBuffer
+        self.counter = self.own(SharedCounter.create(self.names.version))
+        self.bell = self.own(Bell.create(self.names.bell))
+        self.weights = self.own(WeightBuffer.create(self.names.weights, max(weight_nbytes, 8)))
+
     def inference_rings(self, i: int, gen: int) -> tuple:
         from shm.ring import Ring
         n = self.names
@@ -224,15 +234,11 @@ def _free(obj) -> None:
 
 def create_resources(names: RunNames, weight_nbytes: int, sizes: RingSizes = RingSizes(),
                      trainer_ranks: int = 1) -> Resources:
-    from shm.counter import SharedCounter
     from shm.ring import Ring
-    from shm.weights import WeightBuffer
 
     res = Resources(names, sizes=sizes)
     try:
-        res.counter = res.own(SharedCounter.create(names.version))
-        res.bell = res.own(Bell.create(names.bell))
-        res.weights = res.own(WeightBuffer.create(names.weights, max(weight_nbytes, 8)))
+        res.core(weight_nbytes)
         for i in range(names.num_inference):
             req, out, ctl = res.inference_rings(i, 0)
             res.inference_req.append(req)

@@ -2,9 +2,10 @@
 (`ray.cluster_utils.Cluster`, bound to 127.0.0.1), the inference workers placed on the second node
 by a custom resource, so their records travel over Ray, not shared memory. The run keeps its
 promises there: every step, the age bound, every prompt trained exactly once (the audit), a killed
-remote worker restarted (with a new gloo pair for its weights), SIGTERM bounded with no actor or worker left, a driver killed with SIGKILL
-taking its actors and workers with it and resuming exactly; a placement the cluster cannot hold, or
-no cluster at the address, is exit 2 in one line before any worker starts."""
+remote worker restarted (with a new gloo pair for its weights), SIGTERM bounded with no actor or
+worker left, a driver killed with SIGKILL taking its actors and workers with it and resuming
+exactly; a placement the cluster cannot hold, or no cluster at the address, is exit 2 in one line
+before any worker starts."""
 import json
 import os
 import signal
