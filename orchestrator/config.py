@@ -336,6 +336,9 @@ class ActorConfig(_Section):
         "when trainer and inference compute in float32, 0.1 otherwise); None: reported only")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="learning-rate schedule over run.total_steps")
     lr_min_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of actor.lr")
+    lr_warmup_steps: int = Field(
+        0, ge=0, description="linear warm-up over the first N trainer steps (lr * step / N; verl's "
+        "name), then actor.lr_schedule over the steps left; 0: none")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
     heartbeat_timeout_s: float = Field(
         600.0, gt=0, le=MAX_TIMEOUT_S,

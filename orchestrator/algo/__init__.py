@@ -19,6 +19,8 @@ Modules:
 - registry: `registrar(table, what)`, the one name -> function registry the modules above share.
 - loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
   trainer's loss before these recipes.
+- schedule: `lr_at(step, *, lr, total_steps, schedule, min_ratio, warmup_steps)`, the learning
+  rate of a trainer step (warm-up, then constant or cosine).
 - stamp: the per-token policy versions of a trajectory (run-length encoded) and their head age.
 
 May import torch and numpy only; nothing of the runtime, the loop or the run directory. The torch

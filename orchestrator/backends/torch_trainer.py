@@ -80,6 +80,7 @@ import torch
 from orchestrator.backends import sharding
 from orchestrator.backends.microbatch import plan
 from orchestrator.algo import agg_loss, agg_units, kl_penalty, policy_loss, rollout_correction
+from orchestrator.algo.schedule import lr_at
 from orchestrator.data.tokens import load_tokens
 from orchestrator.backends.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)
@@ -245,13 +246,10 @@ class TorchTrainer:
                              f"{float((got - want).abs().max()):.3g}); turn it off")
 
     def lr_at(self, step: int) -> float:
-        """Learning rate for 1-based trainer step `step` (a pure function: resume-safe)."""
-        base = self.cfg.lr
-        if self.cfg.lr_schedule == "constant" or self.total_steps <= 1:
-            return base
-        frac = min(1.0, max(0.0, (step - 1) / (self.total_steps - 1)))
-        floor = self.cfg.lr_min_ratio
-        return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
+        """Learning rate for 1-based trainer step `step` (algo.schedule: resume-safe)."""
+        c = self.cfg
+        return lr_at(step, lr=c.lr, total_steps=self.total_steps, schedule=c.lr_schedule,
+                     min_ratio=c.lr_min_ratio, warmup_steps=c.lr_warmup_steps)
 
     # ------------------------------------------------------------------ training
     def _tensors(self, batch: Sequences, rows: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
