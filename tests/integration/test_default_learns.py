@@ -1,8 +1,10 @@
 """The embedded default job (configs/default.yaml, what `python -m orchestrator.launch` runs) really
-learns on CPU through the full async pipeline: mean reward over the last 10 steps >= 0.7 and at
-least 0.5 above the first 10 (seeds 0-8 on free cores: 0.84-1.0; seed 0 in CI on 2026-12-04, on
-cores shared with the rest of the slow set: 0.78, so the bound is 0.7); eval lines are logged; staleness stays within the configured bound
-on average. With two trainer ranks (gloo, FSDP2, micro-batches) it learns the same way."""
+learns on CPU through the full async pipeline: mean reward over the last 10 steps >= 0.8 and at
+least 0.5 above the first 10 (a run below 0.8 has three or more "dead" digits, never sampled again
+once collapsed; configs/default.yaml's entropy_coef keeps them alive: 0.943-0.999 over 22 runs on
+one and two ranks on 2026-12-05, where 0.02 gave 0.737 once in 7); eval lines are logged; staleness
+stays within the configured bound on average. With two trainer ranks (gloo, FSDP2, micro-batches)
+it learns the same way."""
 import json
 
 import numpy as np
@@ -11,8 +13,8 @@ import pytest
 from tests.integration.lifecycle import run_embedded
 
 
-# Slow-marked, one rank and two (400 steps, about two minutes on 2 free cores; the bounds hold over
-# seeds 0-8, see configs/default.yaml): a learning soak, which `.ci/run` runs after the default
+# Slow-marked, one rank and two (400 steps, one to two minutes on 2 free cores; the bounds hold over
+# the seeds in configs/default.yaml): a learning soak, which `.ci/run` runs after the default
 # suite. The default suite's learning check is test_torch_learns (the same model and task, 60
 # synchronous steps); it runs 2-rank runs end to end in test_rank_failures and the equivalence of
 # the 2-rank step in test_trainer_ranks
@@ -22,7 +24,7 @@ def test_default_job_learns(tmp_path, ranks):
     cfg, recs, steps = run_embedded(tmp_path, timeout=600, overrides=ranks)
     rewards = np.array([r["reward_mean"] for r in steps])
     first, last = rewards[:10].mean(), rewards[-10:].mean()
-    assert last >= 0.7 and last - first >= 0.5, (first, last)
+    assert last >= 0.8 and last - first >= 0.5, (first, last)
     evals = [r for r in recs if r["kind"] == "eval"]
     assert len(evals) == cfg["run"]["total_steps"] // cfg["eval"]["every_steps"]
     assert evals[-1]["reward_mean"] >= first + 0.3          # held-out prompts improved too

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 200          # the default job runs 400 for its 0.7 target; 0.3 of gain comes well before
+STEPS = 200          # the default job runs 400 for its 0.8 target; 0.3 of gain comes well before
 # dapo's reward can sit at its start (0.05) for 60-200 steps before it takes off (its dynamic
 # sampling trains only the groups that disagree): 200 steps failed twice in four runs on 2026-12-04
 LONGER = {"dapo": 400}

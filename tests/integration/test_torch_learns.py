@@ -2,7 +2,7 @@
 rollouts span versions; inference logprobs equal the trainer's recomputed logprobs. And the
 embedded default job, asynchronous through real workers (the shared `torch_run_dir`: 100 steps,
 resumed at 80), learns: the default suite's learning check of the whole pipeline (the 400-step
-soak with its 0.7 target is test_default_learns, slow-marked)."""
+soak with its 0.8 target is test_default_learns, slow-marked)."""
 import json
 import time
 
