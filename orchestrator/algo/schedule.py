@@ -15,7 +15,7 @@ import math
 
 def lr_at(step: int, *, lr: float, total_steps: int, schedule: str = "constant",
           min_ratio: float = 0.1, warmup_steps: int = 0) -> float:
-    if step <= warmup_steps:
+    if warmup_steps and step <= warmup_steps:
         return lr * max(step, 1) / warmup_steps
     span = total_steps - warmup_steps
     if schedule == "constant" or span <= 1:

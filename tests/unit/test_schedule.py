@@ -13,6 +13,9 @@ def test_constant_and_cosine_without_warmup():
     assert cos[5] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))           # halfway
     assert all(a > b for a, b in zip(cos, cos[1:]))
     assert lr_at(1, lr=1e-3, total_steps=1, schedule="cosine") == 1e-3   # one step: no schedule
+    # step 0 (a trainer driven without steps, as test_torch_learns does) is step 1's lr
+    assert lr_at(0, lr=1e-3, total_steps=11, schedule="cosine") == pytest.approx(1e-3)
+    assert lr_at(0, lr=1e-3, total_steps=11, warmup_steps=4) == pytest.approx(1e-3 / 4)
 
 
 @pytest.mark.parametrize("schedule", ["constant", "cosine"])
