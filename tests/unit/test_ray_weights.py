@@ -4,9 +4,13 @@ rewrites mid-send is sent again (the receiver publishes one whole version, never
 damaged past its seqlock mid-send (its CRC-32s were taken before) raises and publishes nothing; a
 peer that dies mid-transfer makes the other side raise within the pair's timeout.
 
-Each test pauses or kills the peer, or damages the slot (the receiver paused meanwhile), once the
-receiver's slot shows bucket 0 of a long transfer: gloo sends a bucket only when the receiver has
-posted its receive (one bucket ahead), so the last bucket has not left the sender by then."""
+Each test acts at a point of the transfer it reaches for sure, whatever the machine's load: the
+receiver child is stopped (SIGSTOP) before the transfer starts, and gloo sends a message only once its
+receiver has posted the receive, so the sender (this process) blocks in `_send_ints` (the version's
+head or its CRC-32s, taken before) and no bucket leaves it; the test waits until the sending thread
+is there (its stack), then damages, rewrites or kills, and lets the receiver go on. Where the child
+sends, the test kills it once bucket 0 has landed and tries again in the rare case the whole transfer
+beat the kill."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +18,7 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -31,9 +36,9 @@ CTX = mp.get_context("spawn")
 TIMEOUT_S = 10.0
 BUCKET = 4 << 10           # small buckets: a transfer is many round trips, so a long one is slow
 WAIT_S = 60.0              # a child's start (its torch import) on a loaded machine
-LONG = 4096                # buckets of a transfer a test cuts or damages once bucket 0 has landed:
-                           # 16 MB in ~0.5 s here, so its last bucket is still far off then (16 MB
-                           # in 256 KiB buckets, ~30 ms, let a busy machine's receiver finish first)
+LONG = 4096                # buckets of the transfer a dying sender child is killed in once bucket 0
+                           # has landed (16 MB, ~0.5 s: its last bucket is far off then)
+FEW = 16                   # buckets of the transfers the receiver child is stopped before
 
 
 def _content(version: int, nbytes: int) -> np.ndarray:
@@ -127,6 +132,32 @@ def _landed(dst: WeightBuffer, nbytes: int, value: int) -> None:
     view.release()
 
 
+def _stuck_in_head(sender: threading.Thread) -> None:
+    """Wait (bounded) until `sender` is inside `_send_ints` called from `_send_view`: it took the
+    version's CRC-32s and sends its head or the CRC-32s to a receiver that is stopped, so no bucket
+    has left it (gloo sends only to a posted receive)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        frame, names = sys._current_frames().get(sender.ident), []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if "_send_ints" in names and "_send_view" in names:
+            return
+        assert sender.is_alive() and time.monotonic() < deadline, f"sender never blocked: {names}"
+        time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def _receiver_stopped(p: "Pair"):
+    os.kill(p.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if p.proc.is_alive():
+            os.kill(p.proc.pid, signal.SIGCONT)
+
+
 def _writable_slot(wbuf: WeightBuffer) -> memoryview:
     """The published slot of wbuf, mapped writable: writes there bypass its seqlock."""
     where = []
@@ -157,59 +188,69 @@ def test_bytes_arrive_exactly_bucketed_whatever_the_size():
 
 
 def test_a_slot_rewritten_mid_send_is_sent_again_never_mixed():
-    n = 64 * BUCKET
+    n = FEW * BUCKET
     with _transfer(n) as (src, dst, p):
         send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-        send.start()
-        _landed(dst, n, _content(1, n)[BUCKET - 1])
-        os.kill(p.proc.pid, signal.SIGSTOP)                  # the receiver holds still meanwhile
-        try:
+        with _receiver_stopped(p):
+            send.start()
+            _stuck_in_head(send)
             src.publish(_content(2, n), 2)
             src.publish(_content(3, n), 3)                   # into the slot being sent
-        finally:
-            os.kill(p.proc.pid, signal.SIGCONT)
         send.join(WAIT_S)
         assert not send.is_alive() and send.error is None, send.error
-        assert send.result == (3, n, 64)
+        assert send.result == (3, n, FEW)
         assert p.q.get(timeout=WAIT_S) == ("ok", 3)
         got, out = _read(dst, n)
         assert got == 3 and np.array_equal(out, _content(3, n))
 
 
 def test_a_slot_damaged_mid_send_raises_and_publishes_nothing():
-    n = LONG * BUCKET
+    n = FEW * BUCKET
     with _transfer(n) as (src, dst, p):
         slot = _writable_slot(src)
         try:
             send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-            send.start()
-            _landed(dst, n, _content(1, n)[BUCKET - 1])
-            os.kill(p.proc.pid, signal.SIGSTOP)              # the receiver holds still meanwhile
-            try:
+            with _receiver_stopped(p):
+                send.start()
+                _stuck_in_head(send)
                 slot[n - 1] ^= 0xFF                          # the last bucket, past the seqlock
-            finally:
-                os.kill(p.proc.pid, signal.SIGCONT)
             send.join(WAIT_S)
             assert not send.is_alive() and send.error is None, send.error
             kind, name, msg = p.q.get(timeout=WAIT_S)
             assert (kind, name) == ("error", "ChannelError"), msg
-            assert f"bucket {LONG - 1} of {LONG}" in msg and "CRC-32" in msg, msg
+            assert f"bucket {FEW - 1} of {FEW}" in msg and "CRC-32" in msg, msg
             assert dst.latest_version() == -1               # nothing published
         finally:
             slot.release()
 
 
-@pytest.mark.parametrize("dies", ["receiver", "sender"])
-def test_a_peer_that_dies_mid_transfer_makes_the_other_side_raise(dies):
-    n = LONG * BUCKET
-    child = "recv" if dies == "receiver" else "send"        # the other side is this process
-    with _transfer(n, child) as (src, dst, p):
-        here = Side(lambda: p.pair.send_latest(src, 1, BUCKET) if child == "recv"
-                    else p.pair.recv_into(dst))
-        here.start()
-        _landed(dst, n, _content(1, n)[BUCKET - 1])
-        os.kill(p.proc.pid, signal.SIGKILL)
-        here.join(TIMEOUT_S + 5)                             # the pair's timeout bounds it
-        assert not here.is_alive(), f"the {dies}'s peer still waits"
-        assert here.error is not None and here.result is None
+def test_a_receiver_that_dies_mid_transfer_makes_the_sender_raise():
+    n = FEW * BUCKET
+    with _transfer(n) as (src, dst, p):
+        send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
+        with _receiver_stopped(p):
+            send.start()
+            _stuck_in_head(send)
+            os.kill(p.proc.pid, signal.SIGKILL)
+            p.proc.join(WAIT_S)
+        send.join(TIMEOUT_S + 5)                             # the pair's timeout bounds it
+        assert not send.is_alive(), "the sender still waits on its dead receiver"
+        assert send.error is not None and send.result is None
         assert dst.latest_version() == -1
+
+
+def test_a_sender_that_dies_mid_transfer_makes_the_receiver_raise():
+    n = LONG * BUCKET
+    for _ in range(3):                       # a try whose whole transfer beat the kill proves nothing
+        with _transfer(n, "send") as (src, dst, p):
+            here = Side(lambda: p.pair.recv_into(dst))
+            here.start()
+            _landed(dst, n, _content(1, n)[BUCKET - 1])
+            os.kill(p.proc.pid, signal.SIGKILL)
+            here.join(TIMEOUT_S + 5)                         # the pair's timeout bounds it
+            assert not here.is_alive(), "the receiver still waits on its dead sender"
+            if here.result is not None:
+                continue
+            assert here.error is not None and dst.latest_version() == -1
+            return
+    pytest.fail("the sender child finished 3 transfers of 16 MB before a kill landed")
