@@ -40,3 +40,12 @@ def test_the_config_key_and_its_bounds():
         load_config(None, ["actor.lr_warmup_steps=-1"])
     with pytest.raises(ValueError, match="schedule"):
         lr_at(20, lr=1.0, total_steps=40, schedule="linear")
+
+
+def test_the_torch_trainer_takes_its_lr_from_it():
+    pytest.importorskip("torch")
+    from orchestrator.backends.torch_trainer import TorchTrainer
+    from orchestrator.config import ActorConfig, ModelConfig, TaskConfig
+    actor = ActorConfig(backend="torch", lr=1e-3, lr_warmup_steps=4, lr_schedule="cosine")
+    tr = TorchTrainer(ModelConfig(), actor, TaskConfig(name="copy2"), 0, total_steps=20)
+    assert [tr.lr_at(s) for s in (1, 4, 5, 20)] == pytest.approx([2.5e-4, 1e-3, 1e-3, 1e-4])
