@@ -149,10 +149,15 @@ def _stuck_in_head(sender: threading.Thread) -> None:
 
 
 @contextlib.contextmanager
-def _receiver_stopped(p: "Pair"):
+def _held_send(p: "Pair", src: WeightBuffer):
+    """This process sends src's version 1 to the child, which is stopped first: yields the sending
+    thread once it is stuck in the version's head (`_stuck_in_head`); the child goes on after."""
+    send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
     os.kill(p.proc.pid, signal.SIGSTOP)
     try:
-        yield
+        send.start()
+        _stuck_in_head(send)
+        yield send
     finally:
         if p.proc.is_alive():
             os.kill(p.proc.pid, signal.SIGCONT)
@@ -190,10 +195,7 @@ def test_bytes_arrive_exactly_bucketed_whatever_the_size():
 def test_a_slot_rewritten_mid_send_is_sent_again_never_mixed():
     n = FEW * BUCKET
     with _transfer(n) as (src, dst, p):
-        send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-        with _receiver_stopped(p):
-            send.start()
-            _stuck_in_head(send)
+        with _held_send(p, src) as send:
             src.publish(_content(2, n), 2)
             src.publish(_content(3, n), 3)                   # into the slot being sent
         send.join(WAIT_S)
@@ -209,10 +211,7 @@ def test_a_slot_damaged_mid_send_raises_and_publishes_nothing():
     with _transfer(n) as (src, dst, p):
         slot = _writable_slot(src)
         try:
-            send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-            with _receiver_stopped(p):
-                send.start()
-                _stuck_in_head(send)
+            with _held_send(p, src) as send:
                 slot[n - 1] ^= 0xFF                          # the last bucket, past the seqlock
             send.join(WAIT_S)
             assert not send.is_alive() and send.error is None, send.error
@@ -227,10 +226,7 @@ def test_a_slot_damaged_mid_send_raises_and_publishes_nothing():
 def test_a_receiver_that_dies_mid_transfer_makes_the_sender_raise():
     n = FEW * BUCKET
     with _transfer(n) as (src, dst, p):
-        send = Side(lambda: p.pair.send_latest(src, 1, BUCKET))
-        with _receiver_stopped(p):
-            send.start()
-            _stuck_in_head(send)
+        with _held_send(p, src) as send:
             os.kill(p.proc.pid, signal.SIGKILL)
             p.proc.join(WAIT_S)
         send.join(TIMEOUT_S + 5)                             # the pair's timeout bounds it
