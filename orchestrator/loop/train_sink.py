@@ -150,7 +150,8 @@ class TrainSink:
                 raise EmptyBatches(
                     f"{self.filtered_in_a_row} groups in a row had equal rewards and were filtered "
                     f"(rollout.dynamic_sampling, rollout.max_consecutive_filtered="
-                    f"{self.max_consecutive_filtered}): check the task's reward function / environment", 1)
+                    f"{self.max_consecutive_filtered}): check the task's reward function / environment, "
+                    f"or the policy stopped exploring (every sample of a prompt alike)", 1)
             return False
         self.filtered_in_a_row = 0
         self.pending.append(group)
