@@ -1,8 +1,8 @@
 """The embedded default job (configs/default.yaml, what `python -m orchestrator.launch` runs) really
 learns on CPU through the full async pipeline: mean reward over the last 10 steps >= 0.8 and at
 least 0.5 above the first 10 (a run below 0.8 has three or more "dead" digits, never sampled again
-once collapsed; configs/default.yaml's entropy_coef keeps them alive: 0.943-0.999 over 22 runs on
-one and two ranks on 2026-12-05, where 0.02 gave 0.737 once in 7); eval lines are logged; staleness
+once collapsed; configs/default.yaml's entropy_coef keeps them alive: 0.83-1.0 over 24 runs on one
+and two ranks on 2026-12-05, where 0.02 gave 0.737 once in 7); eval lines are logged; staleness
 stays within the configured bound on average. With two trainer ranks (gloo, FSDP2, micro-batches)
 it learns the same way."""
 import json
