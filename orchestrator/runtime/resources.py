@@ -20,8 +20,9 @@ run takes, by part (preflight compares it with the free space).
 version counter, the doorbell, the weight buffer, every ring) or, on any failure, frees what it
 made and raises. `Resources` owns each object it holds (`own`, `disown`: close + unlink), makes the
 version word, doorbell and weight buffer together (`core`), a restarted worker's fresh rings
-(`inference_rings`) and words (`fresh_words`: progress and liveness), and `free_resources(res)` closes and unlinks everything in reverse creation order, logging (not
-raising) what fails so the rest is still freed.
+(`inference_rings`) and words (`fresh_words`: progress and liveness), and `free_resources(res)`
+closes and unlinks everything in reverse creation order, logging (not raising) what fails so the
+rest is still freed.
 """
 from __future__ import annotations
 

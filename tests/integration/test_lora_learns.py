@@ -1,8 +1,9 @@
 """The embedded default job with LoRA adapters (issue #25: `actor.lora.rank=8`), run for 600 steps
 instead of 400, learns through the full async pipeline: the mean reward of the last 50 steps is
 at least 0.3 above the first 50's, with the merged weights inference samples from checked every
-step (logprob_diff), and its checkpoints hold the adapters, not the model. The built-in model is randomly initialised, so the
-adapters also target its output head, and the learning rate is LoRA's (README "LoRA")."""
+step (logprob_diff), and its checkpoints hold the adapters, not the model. The built-in model is
+randomly initialised, so the adapters also target its output head, and the learning rate is
+LoRA's (README "LoRA")."""
 import numpy as np
 import pytest
 

@@ -1,18 +1,16 @@
 """Dispatcher over real rings: least-loaded submission, pause/resume, full rings, dead workers."""
-import secrets
-
 import pytest
 
 from orchestrator import messages
 from orchestrator.wire import recv
 from orchestrator.loop.dispatcher import Dispatcher
 from shm.ring import Ring
+from tests.segments import test_segment
 
 
 @pytest.fixture
 def rings():
-    tag = secrets.token_hex(3)
-    rs = [Ring.create(f"/arl_t{tag}_d{i}", 4096) for i in range(2)]
+    rs = [Ring.create(test_segment(f"d{i}"), 4096) for i in range(2)]
     yield rs
     for r in rs:
         r.close()

@@ -139,9 +139,8 @@ def test_cpu_inference_reads_published_weights_straight_into_its_parameters():
     """The CPU torch inference backend's parameters are views of one flat buffer: a read from the
     shared weight buffer into it is the whole reload (no second copy), and the model then computes
     with the trainer's weights, tied embeddings included."""
-    import uuid
-    from shm.segments import segment_name
     from shm.weights import WeightBuffer
+    from tests.segments import test_segment
     inf, tr = _backends(lr=0.5)
     target = inf.weights_in_place
     assert target is not None and len(target) == inf.weight_nbytes()
@@ -151,7 +150,7 @@ def test_cpu_inference_reads_published_weights_straight_into_its_parameters():
     with torch.no_grad():
         for p in tr.model.parameters():
             p.mul_(-2.0).add_(0.25)
-    wb = WeightBuffer.create(segment_name(f"t{uuid.uuid4().hex[:8]}", "weights"), tr.weight_nbytes())
+    wb = WeightBuffer.create(test_segment("weights"), tr.weight_nbytes())
     try:
         wb.publish_from(tr.write_weights, tr.weight_nbytes(), 3)
         got = wb.read_into(target)

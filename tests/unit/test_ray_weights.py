@@ -29,8 +29,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from orchestrator.runtime.ray_weights import Rendezvous, join  # noqa: E402
-from shm.segments import SHM_DIR, segment_name  # noqa: E402
+from shm.segments import SHM_DIR  # noqa: E402
 from shm.weights import WeightBuffer  # noqa: E402
+from tests.segments import test_segment  # noqa: E402
 
 CTX = mp.get_context("spawn")
 TIMEOUT_S = 10.0
@@ -106,8 +107,8 @@ class Side(threading.Thread):
 def _transfer(nbytes: int, child: str = "recv", count: int = 1, publish: bool = True):
     """(src, dst, pair): two weight buffers (src holding version 1 when `publish`) and a Pair whose
     child receives into dst (`child` "recv") or sends from src ("send"); all closed after."""
-    src = WeightBuffer.create(segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", "weights"), nbytes)
-    dst = WeightBuffer.create(segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", "weights"), nbytes)
+    src = WeightBuffer.create(test_segment("weights"), nbytes)
+    dst = WeightBuffer.create(test_segment("weights"), nbytes)
     p = None
     try:
         if publish:

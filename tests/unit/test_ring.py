@@ -6,19 +6,14 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import uuid
 import zlib
 
 import pytest
 
 from shm.ring import CorruptRecord, Ring
-from shm.segments import segment_name
+from tests.segments import test_segment
 
 CTX = mp.get_context("spawn")
-
-
-def _name(role: str = "ring") -> str:
-    return segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", role)
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
@@ -34,7 +29,7 @@ def path(request, monkeypatch):
 
 @pytest.fixture
 def pair():
-    name = _name()
+    name = test_segment("ring")
     owner = Ring.create(name, 8192)
     peer = Ring.attach(name, timeout=5)
     yield owner, peer
@@ -119,7 +114,7 @@ def _writer_child(name: str, n: int, seed: int, max_size: int) -> None:
 
 
 def test_cross_process_records_with_checksums():
-    name = _name()
+    name = test_segment("ring")
     ring = Ring.create(name, 1 << 18)
     try:
         n, seed, max_size = 3000, 7, 40000
@@ -153,7 +148,7 @@ def _die_mid_record(name: str, complete: int) -> None:
 
 
 def test_writer_killed_mid_record_never_yields_wrong_bytes():
-    name = _name()
+    name = test_segment("ring")
     ring = Ring.create(name, 1 << 14)
     try:
         proc = CTX.Process(target=_die_mid_record, args=(name, 5))
@@ -219,7 +214,7 @@ def _echo_child(down: str, up: str, n: int) -> None:
 def test_sleeping_waits_are_woken_by_the_peer():
     """spin_us=0: every wait goes through announce -> fence -> re-check -> semaphore; records must
     all arrive, and waits must end by the peer's post, not by the slice timeout."""
-    down, up = _name("down"), _name("up")
+    down, up = test_segment("down"), test_segment("up")
     a, b = Ring.create(down, 4096, spin_us=0), Ring.create(up, 4096, spin_us=0)
     try:
         n = 1500

@@ -3,22 +3,16 @@ writer process never lets a reader see a torn snapshot (content is derived from 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
-import uuid
 
 import numpy as np
 import pytest
 
 from shm.counter import SharedCounter
-from shm.segments import segment_name
 from shm.weights import WeightBuffer
+from tests.segments import test_segment
 
 CTX = mp.get_context("spawn")
-
-
-def _name(role: str) -> str:
-    return segment_name(f"{os.getpid()}-t{uuid.uuid4().hex[:12]}", role)
 
 
 def _content(version: int, nbytes: int) -> np.ndarray:
@@ -31,7 +25,7 @@ def _version_of(buf: np.ndarray) -> int:
 
 
 def test_publish_read_basics():
-    name = _name("weights")
+    name = test_segment("weights")
     with WeightBuffer.create(name, 1000) as w, WeightBuffer.attach(name) as r:
         assert r.latest_version() == -1
         with pytest.raises(TimeoutError):
@@ -61,7 +55,7 @@ def _publisher(name: str, versions: int, nbytes: int) -> None:
 
 
 def test_concurrent_publisher_never_yields_torn_snapshot():
-    name, nbytes, versions = _name("weights"), (9 << 20) + 24, 200   # > 2 publish chunks
+    name, nbytes, versions = test_segment("weights"), (9 << 20) + 24, 200   # > 2 publish chunks
     w = WeightBuffer.create(name, nbytes)
     try:
         proc = CTX.Process(target=_publisher, args=(name, versions, nbytes))
@@ -95,7 +89,7 @@ def test_read_with_retries_a_check_that_failed_on_a_rewritten_slot(shared):
     read_with only ever returns a version fn accepted, and a failure on a stable slot propagates.
     read_shared: the same, fn reading through its own mapping of the segment by name (as vLLM's
     tensor-parallel ranks do in their processes)."""
-    name, nbytes, versions = _name("weights"), 1 << 20, 400
+    name, nbytes, versions = test_segment("weights"), 1 << 20, 400
     w = WeightBuffer.create(name, nbytes)
     maps: dict = {}
     try:
@@ -133,7 +127,7 @@ def test_read_with_retries_a_check_that_failed_on_a_rewritten_slot(shared):
 
 
 def test_shared_counter():
-    name = _name("version")
+    name = test_segment("version")
     c = SharedCounter.create(name, initial=3)
     r = SharedCounter.attach(name)
     assert r.get() == 3
@@ -151,7 +145,7 @@ def test_shared_counter():
 
 
 def test_failed_publish_leaves_previous_version():
-    name = _name("weights")
+    name = test_segment("weights")
     with WeightBuffer.create(name, 64) as w:
         w.publish(b"a" * 64, 1)
 
