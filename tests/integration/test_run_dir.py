@@ -13,8 +13,9 @@ from tests.integration.lifecycle import ROOT, error_lines, run, start, steps, wa
 
 
 def test_second_launch_on_a_live_run_dir_exits_2_naming_the_holder(tmp_path):
-    # ~11 s of steps left after step 3: the second launch meets a live holder even on a busy host
-    first = start(tmp_path, "run.total_steps=40", "actor.sim.step_time_s=0.3")
+    # the first run has 2 minutes of steps left: the second launch meets a live holder even on a
+    # busy host; once it is refused, the first is drained with SIGTERM instead of waited for
+    first = start(tmp_path, "run.total_steps=400", "actor.sim.step_time_s=0.3")
     wait_for_step(first, tmp_path, 3)
     t0 = time.monotonic()
     second = run(tmp_path, "run.total_steps=60")
@@ -22,9 +23,12 @@ def test_second_launch_on_a_live_run_dir_exits_2_naming_the_holder(tmp_path):
     assert second.returncode == 2
     lines = error_lines(second.stderr)
     assert len(lines) == 1 and f"pid {first.pid}" in lines[0] and "in use" in lines[0]
-    _, err = first.communicate(timeout=120)
-    assert first.returncode == 0, err
-    assert [r["step"] for r in steps(tmp_path)] == list(range(1, 41))   # history intact
+    assert first.poll() is None, "the first run ended before the second launch was refused"
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM, err
+    done = [r["step"] for r in steps(tmp_path)]
+    assert len(done) >= 3 and done == list(range(1, len(done) + 1))   # history intact
 
 
 def test_lock_is_released_by_a_kill_9(tmp_path):

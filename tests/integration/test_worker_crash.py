@@ -11,7 +11,10 @@ SLOW = ["inference.sim.latency_s=0.05", "actor.sim.step_time_s=0.06"]
 
 
 def test_killed_inference_worker_is_restarted_and_nothing_is_lost(tmp_path):
-    proc = start(tmp_path, "run.total_steps=40", *SLOW)
+    # with the hard bound on: the gate alone lets a rollout that finishes out of order (a worker
+    # descheduled on a loaded host; the dead worker's prompts, re-dispatched) reach age S + 1, as a
+    # loaded suite run once saw at step 5, before the kill; the bound must hold across the restart
+    proc = start(tmp_path, "run.total_steps=40", "rollout.max_observed_offpolicyness=2", *SLOW)
     wait_for_step(proc, tmp_path, 5)
     victim = worker_pids(tmp_path)["inference0"]
     os.kill(victim, signal.SIGKILL)

@@ -58,14 +58,15 @@ def runner(fn, tokens=TOKENS, reward=None, max_turns=4, max_new=3, budget=60, ti
 
 
 def drive(r, sample, version=lambda: 0, answer=lambda k: True, deadline_s=30.0):
-    """The decode loop's part: answer turn k with `sample(k)` when `answer(k)`; aborts recorded."""
+    """The decode loop's part: answer turn k (in arrival order, over all the group's episodes) with
+    `sample(k, turn)` when `answer(k)`; aborts recorded."""
     turns, aborts, out, end = [], [], [], time.monotonic() + deadline_s
     while not out and time.monotonic() < end:
         for t in r.requests():
             k = len(turns)
             turns.append(t)
             if answer(k):
-                got, v = sample(k)[:t.max_new_tokens], version()
+                got, v = sample(k, t)[:t.max_new_tokens], version()
                 r.turn_done(t.key, Sequences.build(0, t.key, v, [
                     {"prompt": list(t.ids), "completion": got, "logprobs": [-0.25 - k] * len(got),
                      "versions": v}]))
@@ -94,8 +95,11 @@ def test_trajectory_is_the_calls_and_the_sampled_ids():
     r = runner(lookup_agent)
     r.start(7, prompt_id=5, row=4, n=2, is_eval=False, temperature=1.0)
     versions = iter(range(100))
-    (g,), turns, aborts = drive(r, lambda k: ids("|" if k < 2 else "83") + [EOS],
-                                version=lambda: next(versions))
+    # each episode's first call gets "|" (the tool turn), its second "83": by the turn's own prompt,
+    # not its arrival order, since one episode's second call may come before the other's first
+    first_call = TOK("04>")["input_ids"]
+    (g,), turns, aborts = drive(r, lambda k, t: ids("|" if t.ids.tolist() == first_call else "83")
+                                + [EOS], version=lambda: next(versions))
     r.close()
     assert g.n == 2 and g.rewards.tolist() == [0.75, 0.75] and not aborts and len(turns) == 4
     for i, (first, second) in enumerate(SEEN["calls"]):
@@ -170,7 +174,7 @@ def test_bad_requests_get_openai_errors_and_the_run_goes_on():
     BAD.update(keys=[], barrier=threading.Barrier(2))
     r = runner(refusing_agent)
     r.start(1, prompt_id=1, row=3, n=2, is_eval=False, temperature=1.0)
-    (g,), turns, _ = drive(r, lambda k: ids("|") + [EOS])
+    (g,), turns, _ = drive(r, lambda k, t: ids("|") + [EOS])
     r.close()
     assert len(BAD["got"]) == 2 and len(turns) == 2          # one turn each: every refusal cost none
     for got in BAD["got"]:
@@ -234,7 +238,7 @@ def test_hermes_tool_call_through_a_chat_template(hf_tokens):
         return 1.0 if text.endswith("42") else 0.0
     r = runner(tool_agent, tokens=hf_tokens, reward=reward, max_new=200, budget=1000)
     r.start(2, prompt_id=2, row=0, n=1, is_eval=False, temperature=1.0)
-    (g,), turns, _ = drive(r, lambda k: ids(CALL if k == 0 else "the answer is 42", tok) + [end])
+    (g,), turns, _ = drive(r, lambda k, t: ids(CALL if k == 0 else "the answer is 42", tok) + [end])
     r.close()
     first, second = SEEN["tool"]
     msg = first["choices"][0]["message"]
@@ -273,7 +277,7 @@ def test_a_client_that_disconnects_aborts_its_turn():
     DISCONNECT.clear()
     r = runner(impatient_agent)
     r.start(3, prompt_id=3, row=5, n=1, is_eval=False, temperature=1.0)
-    (g,), turns, aborts = drive(r, lambda k: ids("77") + [EOS], answer=lambda k: k > 0)
+    (g,), turns, aborts = drive(r, lambda k, t: ids("77") + [EOS], answer=lambda k: k > 0)
     r.close()
     assert DISCONNECT["timed_out"] and aborts == [turns[0].key] and len(turns) == 2
     assert turns[1].ids.tolist() == turns[0].ids.tolist()       # the first call was taken back
@@ -294,7 +298,7 @@ def test_a_turn_past_the_call_timeout_ends_the_episode():
     DISCONNECT.clear()
     r = runner(slow_turn_agent, timeout_s=0.3)
     r.start(4, prompt_id=4, row=1, n=1, is_eval=False, temperature=1.0)
-    (g,), turns, aborts = drive(r, lambda k: ids("1") + [EOS], answer=lambda k: False)
+    (g,), turns, aborts = drive(r, lambda k, t: ids("1") + [EOS], answer=lambda k: False)
     r.close()
     assert DISCONNECT["status"][0] == 504 and DISCONNECT["status"][1]["code"] == "timeout"
     assert aborts == [turns[0].key]
@@ -332,7 +336,7 @@ def chatty_agent(row, base_url, api_key):
 def test_agent_limits_and_faults_are_counted(fn, kw, reason):
     r = runner(fn, **kw)
     r.start(5, prompt_id=5, row=2, n=2, is_eval=False, temperature=1.0)
-    (g,), _, _ = drive(r, lambda k: ids("1") + [EOS])
+    (g,), _, _ = drive(r, lambda k, t: ids("1") + [EOS])
     r.close()
     assert g.scalars[reason] == 2 and g.rewards.tolist() == [0.0, 0.0]
     if fn is silent_agent:            # the row's prompt as context, nothing to train
@@ -343,7 +347,7 @@ def test_an_agent_that_raises_fails_naming_it_and_the_row():
     r = runner(raising_agent)
     r.start(6, prompt_id=6, row=9, n=1, is_eval=False, temperature=1.0)
     with pytest.raises(BadEnvOutput) as info:
-        drive(r, lambda k: ids("1") + [EOS], deadline_s=10)
+        drive(r, lambda k, t: ids("1") + [EOS], deadline_s=10)
     r.close()
     msg = str(info.value)
     assert "agent.py:run" in msg and "row 9" in msg and "run() raised RuntimeError: the sandbox is down" in msg
@@ -388,7 +392,7 @@ def test_completions_extend_the_trajectory_by_text_or_ids():
     COMPLETIONS.clear()
     r = runner(completions_agent)
     r.start(8, prompt_id=8, row=6, n=1, is_eval=False, temperature=1.0)
-    (g,), turns, _ = drive(r, lambda k: ids(f"{k}{k}") + [EOS])
+    (g,), turns, _ = drive(r, lambda k, t: ids(f"{k}{k}") + [EOS])
     r.close()
     first, second = COMPLETIONS["calls"]
     assert first["prompt_token_ids"] == TOK("06>")["input_ids"] and first["text"] == "00"
