@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 200          # the default job runs 400 for its 0.8 target; 0.3 of gain comes well before
 # dapo's reward can sit at its start (0.05) for 60-200 steps before it takes off (its dynamic
 # sampling trains only the groups that disagree): 200 steps failed twice in four runs on 2026-12-04
-# (known flake, 2026-12-05: about 1 dapo run in 7 collapses onto one output for every prompt and
-# ends on rollout.max_consecutive_filtered; configs/recipes/dapo.yaml)
+# (2026-12-05: at the entropy_coef of 0.02 it had until then, about 1 dapo run in 6 collapsed onto
+# one output for every prompt and ended on rollout.max_consecutive_filtered; at 0.1 none of 22 runs
+# did, gains 0.31-0.85; configs/recipes/dapo.yaml)
 LONGER = {"dapo": 400}
 WINDOW = 50
 FIELDS = {"dapo": ["overlong_cut", "overlong_penalized", "overlong_penalty_mean", "filtered_groups"],
