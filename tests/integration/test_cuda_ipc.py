@@ -1,6 +1,5 @@
 """GPU weight hand-off over CUDA IPC handles (marked gpu: skipped without CUDA)."""
 import multiprocessing as mp
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from shm.cuda_ipc import open_blob
+from tests.segments import test_segment
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_publish_and_open_across_processes():
         pytest.skip("no CUDA device")
     from shm.cuda_ipc import CudaIpcPublisher
     from shm.weights import WeightBuffer
-    name = f"/arl_t{secrets.token_hex(3)}_ipc"
+    name = test_segment("ipc")
     wb = WeightBuffer.create(name, 1 << 16)
     try:
         pub = CudaIpcPublisher("cuda:0")

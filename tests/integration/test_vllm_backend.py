@@ -418,8 +418,8 @@ def test_tensor_parallel_ranks_reload_from_the_shared_buffer(backend):
     ends both rank processes."""
     import psutil
     from orchestrator.config import VllmConfig
-    from shm.segments import segment_name
     from shm.weights import WeightBuffer
+    from tests.segments import test_segment
 
     cfg = _cfg(vllm=VllmConfig(tensor_parallel_size=2))
     inf = backend(cfg)
@@ -429,7 +429,7 @@ def test_tensor_parallel_ranks_reload_from_the_shared_buffer(backend):
     tr = _trainer(cfg, lr=1e-2)
     task = DigitTask(cfg.task.name, 0)
     _train_off_the_initial_policy(inf, tr, task)
-    wbuf = WeightBuffer.create(segment_name(f"{os.getpid()}-tp", "weights"), tr.weight_nbytes())
+    wbuf = WeightBuffer.create(test_segment("weights"), tr.weight_nbytes())
     try:
         wbuf.publish_from(tr.write_weights, tr.weight_nbytes(), 1)
         assert wbuf.read_shared(lambda where, got: inf.load_weights(got, where)) == 1
