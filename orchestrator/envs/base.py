@@ -36,9 +36,14 @@ import numpy as np
 
 # Sequences.scalars of a finished multi-turn group (index 0 is the reward pool's REWARD_ERRORS: calls
 # that failed and scored 0); summed over the group's episodes, except TURNS_MAX (their max).
-TURNS, TURNS_MAX, ENV_S, GEN_S, TOOL_CALLS, LIMITED, REJECTED = range(1, 8)
+# BRANCHES: the sequences a group holds beyond one per episode (an agent episode's extra branches).
+TURNS, TURNS_MAX, ENV_S, GEN_S, TOOL_CALLS, LIMITED, REJECTED, BRANCHES = range(1, 9)
 SCALARS = {0: "reward_errors", TURNS: "turns", TURNS_MAX: "turns_max", ENV_S: "env_s", GEN_S: "gen_s",
-           TOOL_CALLS: "tool_calls", LIMITED: "episodes_limited", REJECTED: "rollouts_rejected"}
+           TOOL_CALLS: "tool_calls", LIMITED: "episodes_limited", REJECTED: "rollouts_rejected",
+           BRANCHES: "branches"}
+# the most branches (trained sequences) one agent episode may have (`envs.agent_session`); rings
+# are sized for it (`runtime.resources`), the rollout check allows it (`loop.validate`)
+MAX_BRANCHES = 8
 
 
 @dataclass

@@ -15,7 +15,10 @@ completions is not trainable. `reward_errors` sums the groups' `scalars[REWARD_E
 scored 0 after failing, set by the inference worker's reward pool or episode runner). Multi-turn
 groups (`envs.base.SCALARS`) add `episode` fields to the step line: turns per episode (mean, max),
 environment and generation seconds per episode (means), tool calls, episodes ended by a limit,
-rollouts rejected by the append rule.
+rollouts rejected by the append rule, and `branches`: the sequences beyond one per episode (an agent
+episode's other branches, `envs.agent_session`: each trained with its episode's reward, a sample of
+its group's baseline like any other; a group of one episode and its branches counts as a single
+sample's group for the batch baseline).
 
 Overlong handling (DAPO; `algo.overlong_*`, single-turn; `orchestrator.algo.overlong`), applied
 before the zero-std filter and the advantages, on the completion length (tokens after the prompt):
@@ -45,7 +48,8 @@ import numpy as np
 from orchestrator.algo import compute_advantages, cut_at_limit, overlong_penalty
 from orchestrator.data.reward_pool import REWARD_ERRORS
 from orchestrator.errors import EmptyBatches
-from orchestrator.envs.base import ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS, TURNS_MAX
+from orchestrator.envs.base import (BRANCHES, ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS,
+                                    TURNS, TURNS_MAX)
 from shm.codec import Sequences, concat
 
 EPS = 1e-6
@@ -170,7 +174,7 @@ class TrainSink:
         lengths = _masked_per_seq(trained)
         live = lengths > 0
         starts = np.cumsum([0] + [g.n for g in groups])
-        singles = all(g.n == 1 for g in groups)
+        singles = all(_episodes(g) == 1 for g in groups)
         if singles:      # one group of single samples: the batch is their baseline
             kept = [] if self.filter_zero_std and _flat(shaped, live) else list(range(len(groups)))
         else:
@@ -205,12 +209,17 @@ class TrainSink:
         return batch, info
 
 
+def _episodes(g: Sequences) -> int:
+    """The group's episodes: its sequences less an agent episode's extra branches."""
+    return g.n - (int(g.scalars[BRANCHES]) if g.scalars.size > BRANCHES else 0)
+
+
 def _episode_fields(groups: list[Sequences]) -> dict:
     if not groups or any(g.scalars.size < len(SCALARS) for g in groups):
         return {}
     s = np.stack([g.scalars[:len(SCALARS)] for g in groups])
-    n = sum(g.n for g in groups)
+    n = sum(_episodes(g) for g in groups)
     return {"turns_mean": float(s[:, TURNS].sum() / n), "turns_max": int(s[:, TURNS_MAX].max()),
             "env_s_mean": float(s[:, ENV_S].sum() / n), "gen_s_mean": float(s[:, GEN_S].sum() / n),
             "tool_calls": int(s[:, TOOL_CALLS].sum()), "episodes_limited": int(s[:, LIMITED].sum()),
-            "rollouts_rejected": int(s[:, REJECTED].sum())}
+            "rollouts_rejected": int(s[:, REJECTED].sum()), "branches": int(s[:, BRANCHES].sum())}

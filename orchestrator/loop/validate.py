@@ -1,6 +1,7 @@
 """Boundary check of every rollout group against the request it answers.
 
-A group with the wrong sample count, a non-finite reward, logprobs that are not log-probabilities,
+A group with the wrong sample count (a multi-turn training group may hold an agent episode's
+extra branches beyond it: `envs.base.BRANCHES`, at most MAX_BRANCHES sequences an episode), a non-finite reward, logprobs that are not log-probabilities,
 samples that do not start with their prompt, completions longer than asked, or loss-masked prompt
 tokens is bad environment/backend output: the run stops with one line naming it (exit 2).
 """
@@ -11,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from orchestrator import messages
+from orchestrator.envs.base import BRANCHES, MAX_BRANCHES
 from orchestrator.errors import RunFailed
 from shm.codec import Sequences
 
@@ -22,8 +24,11 @@ def check_rollout(g: Sequences, req: messages.Generate, episode_tokens: Optional
     def bad(what: str):
         raise RunFailed(f"bad rollout for request {req.request_id} (prompt {req.prompt_id}): {what}", 2)
 
-    if g.n != req.n:
-        bad(f"{g.n} samples, expected {req.n} (rollout.group_size, or eval.samples_per_prompt)")
+    branches = int(g.scalars[BRANCHES]) if episode_tokens is not None and g.scalars.size > BRANCHES else 0
+    if g.n - branches != req.n or not 0 <= branches <= req.n * (MAX_BRANCHES - 1) \
+            or (branches and req.eval):
+        bad(f"{g.n} samples, expected {req.n} (rollout.group_size, or eval.samples_per_prompt)"
+            + (f" and {branches} agent branches" if branches else ""))
     if not np.isfinite(g.rewards).all():
         bad(f"non-finite reward {g.rewards[~np.isfinite(g.rewards)][0]}")
     if not np.isfinite(g.logprobs).all() or (g.logprobs > 1e-4).any():

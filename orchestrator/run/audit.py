@@ -5,7 +5,8 @@
 `audit(run_dir, final=True)` checks: metrics.jsonl parses (a kill may cut only its last line); step
 lines are 1..k, each once (k = run.total_steps when final); the first step after each resume
 admitted at most (S+1)*B; batches/step_K.rec of steps 1..k decode (checksummed record files, or bare
-codec records of older runs) with ident K, version K-1 and B*group_size samples; no prompt index is
+codec records of older runs) with ident K, version K-1 and B*group_size samples (plus the step line's
+`branches`: an agent episode's extra branches, each group then counted as one run of its prompt); no prompt index is
 trained twice, and when final every prompt of the stream 0..T*B-1 (mod task.num_train_prompts) is
 trained exactly once, group_size samples each. The prompt check assumes every batch holds all its
 groups (rollout.filter_zero_std=false): with the filter on, dropped groups count as never trained.
@@ -125,6 +126,7 @@ def audit(run_dir, final: bool = True) -> dict:
     for index in range(target * B + len(filtered)):
         expected[index % num_train] += g
     prunable = _prunable_upto(run_dir, cfg["run"].get("keep_batches"), k)
+    by_step = {x.get("step"): x for x in steps}
     seen, batch_errors, pruned = Counter(), [], 0
     for step in range(1, k + 1):
         path = os.path.join(run_dir, "batches", f"step_{step:08d}.rec")
@@ -140,10 +142,14 @@ def audit(run_dir, final: bool = True) -> dict:
             batch_errors.append(f"step {step}: {type(exc).__name__}: {exc}")
             continue
         n = len(b.offsets) - 1
-        if b.ident != step or b.version != step - 1 or n != B * g:
+        extra = int(by_step.get(step, {}).get("branches") or 0)     # agent branches beyond g each
+        if b.ident != step or b.version != step - 1 or n != B * g + extra:
             batch_errors.append(f"step {step}: ident {b.ident}, version {b.version}, {n} samples "
-                                f"(expected {step}, {step - 1}, {B * g})")
-        seen.update(int(i) for i in b.prompt_ids.tolist())
+                                f"(expected {step}, {step - 1}, {B * g + extra})")
+        ids = [int(i) for i in b.prompt_ids.tolist()]
+        if extra:           # a group (its g episodes and their branches) is one run of its prompt
+            ids = [p for j, p in enumerate(ids) if j == 0 or ids[j - 1] != p for _ in range(g)]
+        seen.update(ids)
     for p in filtered:
         seen[p] += g
     if batch_errors:

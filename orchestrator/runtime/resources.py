@@ -9,7 +9,8 @@ Sizes come from the config, never from guesses: `ring_sizes(cfg) -> RingSizes` b
 record each ring carries (a rollout group: rollout.group_size samples, or eval.samples_per_prompt
 when larger, of at most `max_prompt_tokens(cfg) + max_completion_tokens(cfg)` tokens, or of the
 loaded prompt set's longest prompt; a training batch: rollout.consumer_batch_size groups of
-rollout.group_size; a Generate message of the longest prompt) and makes every
+rollout.group_size; an agent task's episodes as MAX_BRANCHES sequences each, their tokens within the
+episode's budget, `envs.agent_session`; a Generate message of the longest prompt) and makes every
 ring hold its largest record (the out ring OUT_RING_GROUPS of them, the request ring
 REQ_RING_PROMPTS prompts), never below the fixed minimums, so small configs get exactly those.
 `weight_nbytes(cfg)` is the weight buffer's size (the supervisor creates it with this; importing
@@ -68,6 +69,7 @@ class RingSizes:
 
 def ring_sizes(cfg, prompt_tokens: Optional[int] = None) -> RingSizes:
     """`prompt_tokens`: the loaded prompt set's longest prompt (default: `max_prompt_tokens(cfg)`)."""
+    from orchestrator.envs.base import MAX_BRANCHES
     from shm.codec import MAX_SCALARS, record_size
     from shm.ring import Ring
 
@@ -77,8 +79,10 @@ def ring_sizes(cfg, prompt_tokens: Optional[int] = None) -> RingSizes:
     widest = max(G, cfg.eval.samples_per_prompt if cfg.eval.every_steps else 1)   # an eval group
     budget = episode_tokens(cfg)
     T = P + N if budget is None else max(P + N, budget)          # tokens per sample
-    group = record_size(widest, widest * T, MAX_SCALARS)
-    batch = record_size(B * G, B * G * T, MAX_SCALARS)
+    # an agent episode's branches are sequences of their own, their tokens within its budget
+    seqs = MAX_BRANCHES if getattr(cfg.task, "agent", None) else 1
+    group = record_size(widest * seqs, widest * T, MAX_SCALARS)
+    batch = record_size(B * G * seqs, B * G * T, MAX_SCALARS)
     generate = len(messages.encode(messages.Generate(
         request_id=_I64, prompt_id=_I64, prompt_tokens=[_TOKEN] * P, n=widest, max_new_tokens=N,
         temperature=1.0, eval=True, row=_I64)))
