@@ -8,7 +8,8 @@
 - `pool`, `watch`: the bounded pool blocking calls run on, and the environment loop's liveness stamp.
 - `agent`: `task.agent`, an agent over HTTP as the episode (`registry.resolve_agent`); `endpoint`: the
   worker's OpenAI-compatible endpoint (aiohttp, imported only there); `agent_session`: one episode's
-  calls appended to its trajectory; `openai_api`: the wire format; `tool_parser`: tool calls (hermes);
+  calls appended to its trajectory's branches; `openai_api`: the wire format (`responses_api`: the
+  Responses API subset, `sse`: streamed answers); `tool_parser`: tool calls (hermes);
   `agent_lookup`: the built-in lookup agent; `verifiers_agent`: a verifiers 0.4 env as the agent.
 
 Imports: config, errors, data's tokens and rewards, and this room.

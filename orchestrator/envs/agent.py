@@ -24,6 +24,8 @@ runs one episode, `aclose()` stops the endpoint. One episode:
   prompt (model turns and what the agent appended between them) and their text, on the runner's
   call pool under `task.env_timeout_s` (None without `task.reward`: an environment error).
 The step line's `tool_calls` counts the tool calls the endpoint parsed out of the model's turns.
+The session's other branches (concurrent or forked calls) go to `ep.extra`: trained with the same
+reward (a None result scores the first branch's transcript).
 """
 from __future__ import annotations
 
@@ -84,6 +86,7 @@ class AgentEpisodes:
             del self.sessions[key]
             ep.env_s += max(0.0, time.monotonic() - t0 - ep.gen_s)     # the agent's own time
         ep.tool_calls += session.tool_calls
+        ep.extra = session.extra()
         if session.ended is not None:
             raise Ended(session.ended)
         if error is not None:

@@ -1,48 +1,117 @@
-"""One agent episode's side of the endpoint: every call appends to the episode's one trajectory.
+"""One agent episode's side of the endpoint: every call appends to one branch of the episode.
 
 Contract: `Session(key, runner, group, episode, parser)`; `await chat(req, task)` /
-`await completion(req, task)` (from `envs.endpoint`) answer one call with a 200 body or raise
-`ApiError`; `close()` (from `envs.agent`, when the agent's run is over) refuses later calls and
-cancels the ones in flight. `ended` is None, "limited" or "rejected" once a call ended the episode.
-Calls of one session run one at a time (a lock): each extends the trajectory the previous left.
+`await completion(req, task)` (from `envs.endpoint`) answer one call with a `Turn`
+(`envs.openai_api`) or raise `ApiError`; `close()` (from `envs.agent`, when the agent's run is
+over) refuses later calls and cancels the ones in flight. `ended` is None, "limited" or "rejected"
+once a call ended the episode. `extra()`: the branches beyond the first, each a trajectory
+(`Branch`: ids, mask, logprobs, versions, prompt_len) trained as its own sequence with the
+episode's reward (`envs.runner`); the first branch is the episode's own trajectory (`ep`).
 
-A call, in order (anything refused before step 4 leaves the trajectory as it was):
-1. The episode is live, still has turns (`task.max_turns`; the next call past it ends it: limited),
-   and the call is the episode's kind (an episode is all chat calls or all completion calls).
-2. Its prompt must extend the trajectory so far (the append-only rule of `envs.render`):
-   - chat: the messages must start with the episode's conversation so far, each model turn as the
-     assistant message this endpoint returned for it (its content and tool calls; or its raw text);
-     the rest is rendered with the chat template (`TurnRenderer.opening` on the first call,
-     `.reply` after: the template must reproduce the sampled text verbatim) and appended. The
-     first call's messages are the opening (`task.system_prompt` goes first unless they have one).
-   - completions: a prompt of token ids must start with the ids so far; a prompt string with
-     their text (decoded with special tokens); the rest is tokenized and appended.
-   A conversation that does not extend it (edited, dropped or reordered messages, a template that
-   rewrites a turn) ends the episode: rejected, not trained (`envs.runner`), 400 `rejected`.
-3. Budgets: a prompt that leaves no token of `task.max_episode_tokens` ends the episode (limited,
-   400 `context_length_exceeded`); a `max_tokens` larger than the tokens left is refused (400
-   `context_length_exceeded`, the episode goes on: the caller may ask for less); the turn gets
+Branches. An episode's calls form a tree: every call continues one branch, and branches run
+concurrently (agents that fan out: parallel tool calls, sub-agents). A branch is one trajectory
+built only by appending (the append-only rule of `envs.render`); its fork points are where it stood
+before each of its model turns (its ids ending with the generation prompt) and after each. A call
+(routing and rendering are one at a time, a lock; the model turn is not):
+1. The episode is live, still has turns (`task.max_turns` counts the model turns of every branch,
+   in flight included; the next call past it ends it: limited), and the call is the episode's kind
+   (an episode is all chat calls or all completion calls).
+2. Routing: the call continues the branch whose whole trajectory it extends, when that branch has
+   no call in flight (the deepest, when several); else it forks a new branch (a copy of the ids up
+   to the deepest fork point it extends, on any branch) - a second call sent while the first is in
+   flight forks where the first stood before its turn; an agent that retries or fans out from an
+   earlier message forks there. At most `MAX_BRANCHES` (`envs.base`) branches: a call past it is
+   400 `max_branches` (the episode goes on). A call that extends no fork point at all (its opening
+   differs, a model turn sent back other than as returned) ends the episode: rejected, not trained
+   (`envs.runner`), 400 `rejected`.
+   - chat: "extends" means the messages start with the branch's conversation up to that point, each
+     model turn as the assistant message this endpoint returned for it (its content and tool calls;
+     or its raw text); the rest is rendered with the chat template (`TurnRenderer.opening` on the
+     first call, `.reply` after a model turn: the template must reproduce the sampled text verbatim,
+     or the episode is rejected) and appended. A fork before a turn takes exactly that point's
+     messages. The first call's messages are the opening (`task.system_prompt` goes first unless
+     they have one).
+   - completions: a prompt of token ids must start with the branch's ids up to the point; a prompt
+     string with their text (decoded with special tokens); the rest is tokenized and appended.
+3. Budgets: `task.max_episode_tokens` bounds the tokens of all the episode's branches together
+   (each branch counted whole, as it is trained): a prompt that leaves none ends the episode
+   (limited, 400 `context_length_exceeded`); a `max_tokens` larger than the tokens left is refused
+   (400 `context_length_exceeded`, the episode goes on: the caller may ask for less); the turn gets
    min(max_tokens, rollout.max_new_tokens, tokens left).
 4. One model turn through the runner (`EpisodeRunner.generate`: the worker's backend, the run's
    temperature, weights as loaded then), under `task.env_timeout_s`: past it the turn is aborted
-   and the episode ends (limited, 504 `timeout`). The sampled ids are appended verbatim with their
-   logprobs and versions. A client that disconnects meanwhile cancels the call: the turn is
-   aborted in the backend and the call's prompt taken back off the trajectory.
-5. The answer: the turn's text (stop token removed); with `tools` in a chat request, tool calls
-   parsed by `envs.tool_parser` (`finish_reason: tool_calls`); `logprobs` and the token ids
-   (`return_token_ids`) when asked.
+   and the episode ends (limited, 504 `timeout`). The sampled ids are appended verbatim to the
+   branch with their logprobs and versions. A client that disconnects meanwhile cancels the call:
+   the turn is aborted in the backend and the call's prompt taken back off its branch (a branch the
+   call forked is dropped).
+5. The answer (`Turn`): the turn's text (stop token removed); with `tools` in a chat request and
+   `tool_choice` other than "none", tool calls parsed by `envs.tool_parser` (`finish_reason:
+   tool_calls`); each id's text and its share of the text (streaming: `envs.sse`).
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.data.tokens import completion_text
-from orchestrator.envs.openai_api import ApiError, chat_body, completion_body, messages
+from orchestrator.envs.base import MAX_BRANCHES
+from orchestrator.envs.openai_api import ApiError, Turn, messages
 from orchestrator.envs.render import AppendError, TooLong
 from orchestrator.envs.tool_parser import parse_tool_calls
+
+
+@dataclass
+class Point:
+    """Where a branch can be forked: its first `n` ids and first `k` messages; `turn_ids` set after
+    a model turn (then `state` is the renderer's state before that turn's text), None before one."""
+    n: int
+    k: int
+    state: object
+    turn_ids: Optional[list[int]] = None
+
+
+@dataclass
+class _Prompt:
+    """A turn's prompt as `EpisodeRunner.generate` takes it (it adds the turn's time to gen_s)."""
+    ids: list
+    gen_s: float = 0.0
+
+
+@dataclass
+class Branch:
+    ids: list = field(default_factory=list)
+    mask: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    versions: list = field(default_factory=list)
+    prompt_len: int = 0
+    state: object = None                 # the renderer's state (chat)
+    history: list = field(default_factory=list)    # the conversation as rendered (turns: raw text)
+    returned: dict = field(default_factory=dict)   # history index -> the assistant message returned
+    turn_ids: list = field(default_factory=list)   # the last turn's sampled ids
+    points: list = field(default_factory=list)
+    busy: bool = False                   # a call of it is in flight
+    undo: tuple = ()                     # what its call in flight takes back if it fails
+    reserve: int = 0                     # the most tokens its turn in flight may add
+
+    def append(self, ids, mask: int, logprobs=None, versions=None) -> None:
+        self.ids += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
+        self.versions += [-1] * len(ids) if versions is None else versions
+
+    def cut(self, n: int) -> None:
+        del self.ids[n:], self.mask[n:], self.logprobs[n:], self.versions[n:]
+        self.points = [p for p in self.points if p.n <= n]
+
+    def fork(self, p: Point) -> "Branch":
+        k = p.k
+        return Branch(self.ids[:p.n], self.mask[:p.n], self.logprobs[:p.n], self.versions[:p.n],
+                      self.prompt_len, p.state, self.history[:k],
+                      {i: m for i, m in self.returned.items() if i < k},
+                      list(p.turn_ids or []), [q for q in self.points if q.n <= p.n])
 
 
 class Session:
@@ -52,14 +121,16 @@ class Session:
             key, runner, group, episode, parser, model)
         self.lock = asyncio.Lock()
         self.kind: Optional[str] = None            # "chat" | "completions", set by the first call
-        self.state = None                          # the renderer's state (chat)
-        self.history: list[dict] = []              # the conversation as rendered (turns: raw text)
-        self.returned: dict[int, dict] = {}        # history index -> the assistant message returned
-        self.turn_ids: list[int] = []              # the last turn's sampled ids
+        self.branches: list[Branch] = []           # [0]: the episode's own trajectory (ep's lists)
         self.ended: Optional[str] = None
         self.closed = False
         self.tool_calls = 0
+        self.inflight = 0
         self._calls: set = set()
+
+    def extra(self) -> list[Branch]:
+        """The branches beyond the first that hold a model turn (each trained as a sequence)."""
+        return [b for b in self.branches[1:] if any(b.mask)]
 
     # ------------------------------------------------------------------ the agent's side
     def close(self) -> None:
@@ -80,106 +151,159 @@ class Session:
             raise ApiError(400, f"this episode's calls are {self.kind} calls: one episode is one "
                            f"trajectory of one kind", code="wrong_endpoint")
         lim = self.runner.limits
-        if self.ep.turns >= lim.max_turns:
+        if self.ep.turns + self.inflight >= lim.max_turns:
             raise self._end("limited", 400, f"task.max_turns={lim.max_turns} model turns were taken",
                             "max_turns")
 
+    def _left(self) -> int:
+        """The episode's tokens left: every branch whole, and the turns in flight at their most."""
+        return (self.runner.limits.max_episode_tokens - sum(len(b.ids) for b in self.branches)
+                - sum(b.reserve for b in self.branches if b.busy))
+
+    def _main(self) -> Branch:
+        ep = self.ep
+        return Branch(ep.ids, ep.mask, ep.logprobs, ep.versions)
+
+    def _forked(self, base: Branch, p: Optional[Point]) -> Branch:
+        if p is None:
+            return base
+        if len(self.branches) >= MAX_BRANCHES:
+            raise ApiError(400, f"the call would start a branch beyond the episode's {MAX_BRANCHES} "
+                           f"(a call forks when it does not extend a branch that is free)",
+                           code="max_branches")
+        return base.fork(p)
+
     # ------------------------------------------------------------------ chat
-    async def chat(self, req, task: Optional[asyncio.Task] = None) -> dict:
+    async def chat(self, req, task: Optional[asyncio.Task] = None) -> Turn:
+        r = self.runner.renderer
         async with self.lock:
             self._check("chat")
-            r = self.runner.renderer
             msgs = messages(req.messages)
             if req.tools and not r.chat:
                 raise ApiError(400, "tools need a chat template, and the model's tokenizer has none",
                                param="tools")
-            left = self.runner.limits.max_episode_tokens - len(self.ep.ids)
+            left = self._left()
+            first, forked = not self.branches, False
             try:
-                if self.kind is None:
+                if first:
+                    b = self._main()
                     new, state = await self.runner.rendered(r.opening, msgs, req.tools, left)
+                    history = list(msgs)
                 else:
-                    k = len(self.history)
-                    self._extends(msgs, k)
-                    state = dataclasses.replace(self.state, tools=req.tools)
-                    new = await self.runner.rendered(r.reply, state, self.history, self.turn_ids,
-                                                     msgs[k:], left)
+                    base, p = self._route_chat(msgs)
+                    b, forked = self._forked(base, p), p is not None
+                    at = p or b.points[-1]          # a fork point, or the branch's last turn
+                    state = dataclasses.replace(at.state, tools=req.tools)
+                    new = [] if at.turn_ids is None else await self.runner.rendered(
+                        r.reply, state, b.history[:at.k], at.turn_ids, msgs[at.k:], left)
+                    history = [*b.history[:at.k], *msgs[at.k:]]
             except TooLong:
                 raise self._end("limited", 400, "the messages do not fit in the tokens the episode "
                                 "has left", "context_length_exceeded") from None
             except AppendError as exc:
-                if self.kind is None:
-                    raise ApiError(400, f"the messages cannot be rendered ({exc})", param="messages") from None
+                if first:
+                    raise ApiError(400, f"the messages cannot be rendered ({exc})",
+                                   param="messages") from None
                 raise self._end("rejected", 400, f"the chat template does not extend the episode's "
                                 f"trajectory ({exc})", "rejected") from None
             except TypeError as exc:
                 raise ApiError(400, f"the messages cannot be rendered ({exc})", param="messages") from None
-            prompt, ids, lps, vers = await self._turn(new, req.limit, "chat", task,
-                                                      (state, msgs if self.kind is None else
-                                                       [*self.history, *msgs[len(self.history):]]))
-            text, pieces = await self.runner.rendered(self._decode, ids)
+            prompt = self._prepare(b, new, req.limit, state, history, forked)
+        ids, lps = await self._turn(b, prompt, new, req.limit, task, forked)
+        try:
+            text, pieces, deltas = await self.runner.rendered(self._decode, ids)
             content, calls = text, []
             if req.tools and req.tool_choice != "none":
                 n = self.ep.turns
                 content, calls = parse_tool_calls(self.parser, text,
                                                   lambda i: f"call_{self.key[:8]}_{n}_{i}")
-            self.history.append({"role": "assistant", "content": text})
-            self.returned[len(self.history) - 1] = {"content": content, "tool_calls": calls}
-            self.tool_calls += len(calls)
-            stopped = bool(ids) and ids[-1] in self.runner.tokens.stop_ids
-            finish = "tool_calls" if calls else ("stop" if stopped else "length")
-            return chat_body(req, f"chatcmpl-{self.key[:8]}-{self.ep.turns}", self.model, content,
-                             calls, finish, prompt, ids, pieces, lps)
+            b.history.append({"role": "assistant", "content": text})
+            b.returned[len(b.history) - 1] = {"content": content, "tool_calls": calls}
+            b.points.append(Point(len(b.ids), len(b.history), b.state, ids))
+        finally:
+            b.busy = False
+        self.tool_calls += len(calls)
+        return Turn(f"chatcmpl-{self.key[:8]}-{self.ep.turns}", self.model, text, content, calls,
+                    self._finish(ids, calls), prompt, ids, pieces, deltas, lps)
 
-    def _extends(self, msgs: list[dict], k: int) -> None:
-        """The call's messages start with the conversation so far, or the episode is rejected."""
-        if len(msgs) < k:
-            raise self._end("rejected", 400, f"the messages hold {len(msgs)} of the episode's {k} "
-                            f"messages so far: a conversation is only ever extended", "rejected")
-        for i in range(k):
-            got, want = msgs[i], self.history[i]
-            same = (_same_turn(got, want["content"], self.returned[i]) if i in self.returned
-                    else _plain(got) == _plain(want))
-            if not same:
-                raise self._end("rejected", 400, f"message {i} ({got.get('role')}) differs from the "
-                                f"episode's conversation: a conversation is only ever extended",
-                                "rejected")
+    def _route_chat(self, msgs: list[dict]) -> tuple[Branch, Optional[Point]]:
+        """(the branch to continue, None) or (the branch to fork, the point), else rejected."""
+        tips = [b for b in self.branches if not b.busy and b.points and b.points[-1].turn_ids is not None
+                and len(msgs) > len(b.history) and _match(msgs, b, len(b.history))[0]]
+        if tips:
+            return max(tips, key=lambda b: len(b.ids)), None
+        best, why = None, (0, None)
+        for b in self.branches:
+            for p in reversed(b.points):
+                if best is not None and p.n <= best[1].n:
+                    break
+                if (len(msgs) > p.k) if p.turn_ids is not None else (len(msgs) == p.k):
+                    ok, at = _match(msgs, b, p.k)
+                    if ok:
+                        best = (b, p)
+                        break
+                    why = max(why, (at, msgs[at].get("role") if at < len(msgs) else None))
+        if best is None:
+            raise self._end("rejected", 400, f"message {why[0]} ({why[1]}) differs from every branch "
+                            f"of the episode's conversation: a conversation is only ever extended "
+                            f"(or forked after a model turn)", "rejected")
+        return best
 
     # ------------------------------------------------------------------ completions
-    async def completion(self, req, task: Optional[asyncio.Task] = None) -> dict:
+    async def completion(self, req, task: Optional[asyncio.Task] = None) -> Turn:
         async with self.lock:
             self._check("completions")
-            new = await self._completion_prompt(req.prompt)
-            prompt, ids, lps, vers = await self._turn(new, req.limit, "completions", task, None)
-            text, pieces = await self.runner.rendered(self._decode, ids)
-            stopped = bool(ids) and ids[-1] in self.runner.tokens.stop_ids
-            return completion_body(req, f"cmpl-{self.key[:8]}-{self.ep.turns}", self.model, text,
-                                   "stop" if stopped else "length", prompt, ids, pieces, lps)
+            if not self.branches:
+                b, p, new = self._main(), None, await self._prompt(req.prompt, [])
+            else:
+                b, p, new = await self._route_completion(req.prompt)
+            forked = p is not None
+            b = self._forked(b, p)
+            prompt = self._prepare(b, new, req.limit, None, None, forked)
+        ids, lps = await self._turn(b, prompt, new, req.limit, task, forked)
+        try:
+            text, pieces, deltas = await self.runner.rendered(self._decode, ids)
+            b.points.append(Point(len(b.ids), 0, None, ids))
+        finally:
+            b.busy = False
+        return Turn(f"cmpl-{self.key[:8]}-{self.ep.turns}", self.model, text, text, [],
+                    self._finish(ids, []), prompt, ids, pieces, deltas, lps)
 
-    async def _completion_prompt(self, prompt) -> list[int]:
-        so_far, tok = self.ep.ids, self.runner.renderer.tok
+    async def _route_completion(self, prompt) -> tuple[Branch, Optional[Point], list[int]]:
+        for b in sorted((b for b in self.branches if not b.busy), key=lambda b: -len(b.ids)):
+            new = await self._prompt(prompt, b.ids)
+            if new is not None:
+                return b, None, new
+        cands = sorted(((p, b) for b in self.branches for p in b.points), key=lambda x: -x[0].n)
+        for p, b in cands:
+            new = await self._prompt(prompt, b.ids[:p.n])
+            if new is not None:
+                return b, p, new
+        raise self._end("rejected", 400, "the prompt does not start with the ids (or text) of any "
+                        "branch of the episode so far", "rejected")
+
+    async def _prompt(self, prompt, so_far: list[int]) -> Optional[list[int]]:
+        """The ids `prompt` appends to `so_far`; None when it does not extend them."""
+        tok = self.runner.renderer.tok
         if isinstance(prompt, list):
             vocab = len(tok)
             if any(not 0 <= t < vocab for t in prompt):
                 raise ApiError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
-            if prompt[:len(so_far)] != so_far:
-                raise self._end("rejected", 400, "the prompt's ids do not start with the episode's "
-                                "ids so far", "rejected")
-            return list(prompt[len(so_far):])
-        left = self.runner.limits.max_episode_tokens - len(so_far)
+            return list(prompt[len(so_far):]) if prompt[:len(so_far)] == so_far else None
+        left = self._left()
         if len(prompt) > (left + len(so_far) + 1) * self.runner.renderer.max_token_chars:
             raise self._end("limited", 400, "the prompt does not fit in the tokens the episode has "
                             "left", "context_length_exceeded")
         return await self.runner.rendered(self._prompt_ids, prompt, so_far)
 
-    def _prompt_ids(self, prompt: str, so_far: list[int]) -> list[int]:
-        """(render thread) The ids a prompt string appends to `so_far`, or the episode is rejected."""
+    def _prompt_ids(self, prompt: str, so_far: list[int]) -> Optional[list[int]]:
+        """(render thread) The ids a prompt string appends to `so_far` (None: it does not)."""
         tok = self.runner.renderer.tok
         if not so_far:
             return [int(t) for t in tok(prompt)["input_ids"]]
         text = tok.decode(so_far, skip_special_tokens=False)
         if not prompt.startswith(text):
-            raise self._end("rejected", 400, "the prompt does not start with the episode's text so "
-                            "far", "rejected")
+            return None
         rest = prompt[len(text):]
         ids = [int(t) for t in tok(rest, add_special_tokens=False)["input_ids"]]
         if tok.decode(ids, skip_special_tokens=False) != rest:
@@ -188,11 +312,12 @@ class Session:
         return ids
 
     # ------------------------------------------------------------------ one turn
-    async def _turn(self, new: list[int], limit: Optional[int], kind: str,
-                    task: Optional[asyncio.Task], chat: Optional[tuple]) -> tuple:
-        """Append `new` (context), sample one turn, append it: (prompt ids, ids, logprobs, versions)."""
-        ep, lim = self.ep, self.runner.limits
-        left = lim.max_episode_tokens - len(ep.ids) - len(new)
+    def _prepare(self, b: Branch, new: list[int], limit: Optional[int], state, history,
+                 forked: bool) -> list[int]:
+        """Check the budget, append `new` (context) to branch `b`, mark it busy: the turn's prompt.
+        Synchronous: nothing else runs on the loop meanwhile."""
+        lim = self.runner.limits
+        left = self._left() - len(new) - (len(b.ids) if forked else 0)
         if left <= 0:
             raise self._end("limited", 400, f"the prompt leaves none of the episode's "
                             f"task.max_episode_tokens={lim.max_episode_tokens}", "context_length_exceeded")
@@ -200,47 +325,94 @@ class Session:
             raise ApiError(400, f"max_tokens={limit} is more than the {left} tokens the episode has "
                            f"left (task.max_episode_tokens={lim.max_episode_tokens})",
                            code="context_length_exceeded", param="max_tokens")
-        undo = (len(ep.ids), ep.prompt_len, self.kind, self.state, self.history)
-        first = self.kind is None
-        ep.ids += new
-        ep.mask += [0] * len(new)
-        ep.logprobs += [0.0] * len(new)
-        ep.versions += [-1] * len(new)
+        first = not self.branches
+        if first or forked:
+            self.branches.append(b)
+        b.undo = (len(b.ids), b.state, b.history, len(b.points))
+        b.append(new, 0)
         if first:
-            ep.prompt_len = len(new)
-        self.kind = kind
-        if chat is not None:
-            self.state, self.history = chat[0], list(chat[1])
-        prompt = list(ep.ids)
+            b.prompt_len = self.ep.prompt_len = len(new)
+        self.kind = self.kind or ("chat" if history is not None else "completions")
+        if history is not None:
+            b.state, b.history = state, history
+        b.points.append(Point(len(b.ids), len(b.history), b.state))
+        b.reserve = min(limit or lim.max_new_tokens, lim.max_new_tokens, left)
+        b.busy = True
+        self.inflight += 1
+        return list(b.ids)
+
+    async def _turn(self, b: Branch, prompt: list[int], new: list[int], limit: Optional[int],
+                    task: Optional[asyncio.Task], forked: bool) -> tuple[list[int], list[float]]:
+        """Sample one turn for branch `b` (prepared: its ids are the prompt) and append it."""
+        lim = self.runner.limits
         if task is not None:
             self._calls.add(task)
+        view = _Prompt(prompt)                 # what the backend samples after
         try:
             ids, lps, vers = await asyncio.wait_for(
-                self.runner.generate(self.g, ep, min(limit or lim.max_new_tokens, lim.max_new_tokens, left)),
+                self.runner.generate(self.g, view, b.reserve),
                 lim.timeout_s)
         except BaseException as exc:     # disconnected, timed out, closed: the call is taken back
-            n = undo[0]
-            del ep.ids[n:], ep.mask[n:], ep.logprobs[n:], ep.versions[n:]
-            ep.prompt_len, self.kind, self.state, self.history = undo[1:]
+            b.busy = False
+            n, b.state, b.history, npoints = b.undo
+            b.cut(n)
+            del b.points[npoints:]
+            if forked or len(self.branches) == 1 and n == 0:
+                self.branches.remove(b)
+            if not self.branches:
+                self.kind, self.ep.prompt_len = None, 0
             if isinstance(exc, asyncio.TimeoutError):
                 raise self._end("limited", 504, f"the turn took longer than task.env_timeout_s="
                                 f"{lim.timeout_s:g}", "timeout") from None
             raise
         finally:
+            self.ep.gen_s += view.gen_s
+            self.inflight -= 1
             self._calls.discard(task)
-        ep.turns += 1
-        ep.ids += ids
-        ep.mask += [1] * len(ids)
-        ep.logprobs += lps
-        ep.versions += vers
-        self.turn_ids = ids
-        return prompt, ids, lps, vers
+        self.ep.turns += 1
+        b.append(ids, 1, lps, vers)
+        b.turn_ids = ids
+        return ids, lps
 
-    def _decode(self, ids: list[int]) -> tuple[str, list[str]]:
-        """(render thread) The turn's text (stop token removed) and each token's text."""
+    def _finish(self, ids: list[int], calls: list) -> str:
+        stopped = bool(ids) and ids[-1] in self.runner.tokens.stop_ids
+        return "tool_calls" if calls else ("stop" if stopped else "length")
+
+    def _decode(self, ids: list[int]) -> tuple[str, list[str], list[str]]:
+        """(render thread) The turn's text (stop token removed), each id's text, and each id's
+        share of the turn's text (joined: the text)."""
         tok = self.runner.renderer.tok
-        return (completion_text(self.runner.tokens, ids),
-                [tok.decode([t], skip_special_tokens=False) for t in ids])
+        text = completion_text(self.runner.tokens, ids)
+        pieces = [tok.decode([t], skip_special_tokens=False) for t in ids]
+        body = ids[:-1] if ids and ids[-1] in self.runner.tokens.stop_ids else ids
+        deltas = [tok.decode([t], skip_special_tokens=True) for t in body]
+        if "".join(deltas) != text:            # pieces that split a character: by prefixes
+            deltas, prev = [], ""
+            for i in range(len(body)):
+                cur = tok.decode(body[:i + 1], skip_special_tokens=True)
+                ok = cur.startswith(prev) and "\ufffd" not in cur[len(prev):]
+                deltas.append(cur[len(prev):] if ok else "")
+                prev = cur if ok else prev
+            if deltas:
+                deltas[-1] += text[len(prev):] if text.startswith(prev) else ""
+            if "".join(deltas) != text:
+                deltas = [text] + [""] * (len(body) - 1) if body else []
+        deltas += [""] * (len(ids) - len(body))
+        return text, pieces, deltas
+
+
+def _match(msgs: list[dict], b: Branch, k: int) -> tuple[bool, int]:
+    """Whether the messages start with branch `b`'s first `k` messages (each model turn as
+    returned); else (False, the first message that differs)."""
+    if len(msgs) < k:
+        return False, len(msgs)
+    for i in range(k):
+        got, want = msgs[i], b.history[i]
+        same = (_same_turn(got, want["content"], b.returned[i]) if i in b.returned
+                else _plain(got) == _plain(want))
+        if not same:
+            return False, i
+    return True, k
 
 
 def _plain(m: dict) -> dict:

@@ -4,8 +4,14 @@ Contract: `Endpoint(sessions, model_names, host)`; `await start()` on the enviro
 loop binds `host` (127.0.0.1) on an ephemeral port (`url`: `http://127.0.0.1:PORT`), `await
 close()` stops it (bounded). One endpoint per worker; episodes are told apart by a key:
 `{url}/e/{key}/v1` is an episode's base URL and `key` its API key. Routes under it:
-`POST chat/completions`, `POST completions`, `GET models`; `sessions[key]` (an
-`envs.agent_session.Session`) answers the first two.
+`POST chat/completions`, `POST completions`, `POST responses` (`envs.responses_api`: as a chat
+completion), `GET models`; `sessions[key]` (an `envs.agent_session.Session`) answers the first
+three with a `Turn`, sent as the route's body (`envs.openai_api`), or with `stream: true` (chat and
+completions) as server-sent events (`envs.sse`, `text/event-stream`, ending `data: [DONE]`).
+Every answer to a request names what the endpoint did not do as asked, in headers:
+`x-arl-overridden` (`knob=asked->used; ...`: the sampling knobs the run overrides,
+`openai_api.SAMPLING`) and `x-arl-ignored` (the unknown keys, comma-separated), each only when
+there is something to say.
 Every refusal is OpenAI's error body (`envs.openai_api.ApiError`) with `x-should-retry: false` (so
 that OpenAI's SDKs do not repeat a call that cannot succeed), never a crash:
 - 401 `authentication_error`: no bearer key, or one that is no live episode's; 403
@@ -24,8 +30,10 @@ import json
 import logging
 from typing import Callable
 
-from orchestrator.envs.openai_api import (ApiError, chat_request, completion_request,
-                                          models_body)
+from orchestrator.envs.openai_api import (ApiError, chat_body, chat_request, completion_body,
+                                          completion_request, models_body)
+from orchestrator.envs.responses_api import response_body, responses_request
+from orchestrator.envs.sse import DONE, chat_chunks, completion_chunks, event
 
 PREFIX = "/e/{key}/v1"
 SHUTDOWN_S = 2.0            # close(): calls still in flight get this long (sessions cancel theirs)
@@ -44,6 +52,7 @@ class Endpoint:
         app = web.Application(client_max_size=64 << 20)
         app.add_routes([web.post(PREFIX + "/chat/completions", self._route(self._chat)),
                         web.post(PREFIX + "/completions", self._route(self._completion)),
+                        web.post(PREFIX + "/responses", self._route(self._responses)),
                         web.get(PREFIX + "/models", self._route(self._models))])
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                shutdown_timeout=SHUTDOWN_S)
@@ -69,7 +78,7 @@ class Endpoint:
         async def handle(request):
             try:
                 session = self._session(request)
-                return web.json_response(await handler(session, request))
+                return await handler(session, request)
             except ApiError as err:
                 return web.json_response(err.body(), status=err.status,
                                          headers={"x-should-retry": "false"})
@@ -110,16 +119,48 @@ class Endpoint:
                            f"{', '.join(map(repr, self.model_names))}", "invalid_request_error",
                            "model_not_found", "model")
 
-    async def _chat(self, session, request) -> dict:
+    def _headers(self, session, req) -> dict:
+        out = {}
+        if (over := req.overridden(session.g.temperature)):
+            out["x-arl-overridden"] = over
+        if (ignored := req.ignored()):
+            out["x-arl-ignored"] = ignored
+        return out
+
+    async def _answer(self, request, session, req, turn_of, body, chunks):
+        from aiohttp import web
+
+        self._model(req.model)
+        headers = self._headers(session, req)
+        turn = await turn_of(req, asyncio.current_task())
+        if not req.stream:
+            return web.json_response(body(req, turn), headers=headers)
+        resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(b"".join(event(c) for c in chunks(req, turn)) + DONE)
+        await resp.write_eof()
+        return resp
+
+    async def _chat(self, session, request):
         req = chat_request(await self._body(request))
-        self._model(req.model)
-        return await session.chat(req, asyncio.current_task())
+        return await self._answer(request, session, req, session.chat, chat_body, chat_chunks)
 
-    async def _completion(self, session, request) -> dict:
+    async def _completion(self, session, request):
         req = completion_request(await self._body(request))
+        return await self._answer(request, session, req, session.completion, completion_body,
+                                  completion_chunks)
+
+    async def _responses(self, session, request):
+        from aiohttp import web
+
+        req = responses_request(await self._body(request))
         self._model(req.model)
-        return await session.completion(req, asyncio.current_task())
+        headers = self._headers(session, req)
+        turn = await session.chat(req.chat(), asyncio.current_task())
+        return web.json_response(response_body(req, turn), headers=headers)
 
-    async def _models(self, session, request) -> dict:
-        return models_body(self.model_names[0])
+    async def _models(self, session, request):
+        from aiohttp import web
 
+        return web.json_response(models_body(self.model_names[0]))

@@ -40,7 +40,10 @@ its `open(runner)` runs on the loop at construction (the endpoint starts), its `
 group, ep)` is each episode's body instead of reset/step/score (with `generate`, `rendered`,
 `call`, `reward`, `where`, `watching` and `Ended` / `EnvError`, as the environment's body uses them),
 and its `aclose()` runs at `close()`. A turn whose episode stops waiting for it (cancelled: a client
-gone, a call past its timeout) is aborted: its key comes out of `aborts()`.
+gone, a call past its timeout) is aborted: its key comes out of `aborts()`. An agent episode may
+leave other branches (`ep.extra`, `envs.agent_session`): a training group then holds them after its
+episodes' sequences, each with its episode's reward (`scalars[BRANCHES]` counts them; a rejected
+episode's are dropped); an eval group holds each episode's first branch only.
 """
 from __future__ import annotations
 
@@ -60,8 +63,8 @@ import numpy as np
 
 from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput
 from orchestrator.data.tokens import ModelTokens, completion_text
-from orchestrator.envs.base import (ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS, TURNS,
-                                    TURNS_MAX, ModelTurn, StepResult)
+from orchestrator.envs.base import (BRANCHES, ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS,
+                                    TURNS, TURNS_MAX, ModelTurn, StepResult)
 from orchestrator.envs.pool import EnvPool
 from orchestrator.envs.render import AppendError, TooLong, TurnRenderer
 from orchestrator.envs.watch import LoopWatch
@@ -113,6 +116,7 @@ class _Episode:
     tool_calls: float = 0.0
     reward: float = 0.0
     ended: Optional[str] = None          # limited / rejected / error
+    extra: list = field(default_factory=list)   # an agent episode's other branches (agent_session.Branch)
 
 
 @dataclass
@@ -435,9 +439,14 @@ class EpisodeRunner:
         return self.reward(g, "score()", await self.call(g, ep, "score()", env.score, history))
 
     def _sequences(self, g: _Group, eps: list[_Episode]) -> Sequences:
-        lens = np.array([len(e.ids) for e in eps], np.int64)
+        """The group's record: one sequence per episode, then (training groups) each episode's
+        other branches, each with its episode's reward; an eval group holds the first branches."""
+        seqs = [(e, e) for e in eps]
+        if not g.is_eval:
+            seqs += [(b, e) for e in eps if e.ended != "rejected" for b in e.extra]
+        lens = np.array([len(s.ids) for s, _ in seqs], np.int64)
         offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-        cat = lambda attr, dt: np.array([x for e in eps for x in getattr(e, attr)], dt)   # noqa: E731
+        cat = lambda attr, dt: np.array([x for s, _ in seqs for x in getattr(s, attr)], dt)   # noqa: E731
         loss_mask, versions = cat("mask", np.uint8), cat("versions", np.int32)
         live = versions[loss_mask.astype(bool)]
         scalars = np.zeros(len(SCALARS), np.float64)
@@ -449,13 +458,14 @@ class EpisodeRunner:
         scalars[TOOL_CALLS] = sum(e.tool_calls for e in eps)
         scalars[LIMITED] = sum(e.ended == "limited" for e in eps)
         scalars[REJECTED] = sum(e.ended == "rejected" for e in eps)
+        scalars[BRANCHES] = len(seqs) - len(eps)
         return Sequences(
             kind=1 if g.is_eval else 0, ident=g.request_id, version=int(live.min()) if live.size else -1,
-            offsets=offsets, prompt_lens=np.array([e.prompt_len for e in eps], np.int32),
-            prompt_ids=np.full(len(eps), g.prompt_id, np.int64), tokens=cat("ids", np.int32),
+            offsets=offsets, prompt_lens=np.array([s.prompt_len for s, _ in seqs], np.int32),
+            prompt_ids=np.full(len(seqs), g.prompt_id, np.int64), tokens=cat("ids", np.int32),
             logprobs=cat("logprobs", np.float32), versions=versions, loss_mask=loss_mask,
-            rewards=np.array([e.reward for e in eps], np.float32),
-            advantages=np.zeros(len(eps), np.float32), scalars=scalars)
+            rewards=np.array([e.reward for _, e in seqs], np.float32),
+            advantages=np.zeros(len(seqs), np.float32), scalars=scalars)
 
 
 class EnvError(Exception):

@@ -402,3 +402,105 @@ def test_completions_extend_the_trajectory_by_text_or_ids():
     assert COMPLETIONS["mixed"] == "wrong_endpoint" and COMPLETIONS["rewritten"] == "rejected"
     assert g.scalars[REJECTED] == 1 and not g.loss_mask.any()        # a rewrite: not trained
     assert g.tokens.tolist() == second["prompt_token_ids"] + second["token_ids"]
+
+
+RESPONSES: dict = {}
+
+
+async def responses_tool_agent(row, base_url, api_key):
+    """The Responses API (the openai-agents SDK's default): a function call in the output, sent
+    back as input items with its output."""
+    tools = [{"type": "function", "name": "lookup", "description": "the value of a key",
+              "parameters": TOOLS[0]["function"]["parameters"]}]
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=20) as c:
+        items = [{"role": "user", "content": "what is 47?"}]
+        r1 = await c.responses.create(model="policy", input=items, tools=tools, instructions="be brief",
+                                      extra_body={"return_token_ids": True})
+        call = r1.output[-1]
+        items += [o.model_dump(exclude_none=True) for o in r1.output]
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": "47=42"})
+        r2 = await c.responses.create(model="policy", input=items, tools=tools, instructions="be brief",
+                                      extra_body={"return_token_ids": True})
+        RESPONSES["calls"] = [r1.model_dump(), r2.model_dump()]
+    return 1.0 if r2.output_text == "the answer is 42" else 0.0
+
+
+def test_responses_function_calls_through_a_chat_template(hf_tokens):
+    RESPONSES.clear()
+    tok = hf_tokens.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    r = runner(responses_tool_agent, tokens=hf_tokens, max_new=200, budget=1000)
+    r.start(2, prompt_id=2, row=0, n=1, is_eval=False, temperature=1.0)
+    (g,), turns, _ = drive(r, lambda k, t: ids(CALL if k == 0 else "the answer is 42", tok) + [end])
+    r.close()
+    first, second = RESPONSES["calls"]
+    assert [o["type"] for o in first["output"]] == ["function_call"] and first["status"] == "completed"
+    fc = first["output"][0]
+    assert fc["name"] == "lookup" and json.loads(fc["arguments"]) == {"key": "47"}
+    assert second["output"][0]["content"][0]["text"] == "the answer is 42"
+    assert second["usage"]["input_tokens"] == len(second["prompt_token_ids"])
+    assert g.scalars[REJECTED] == 0 and g.scalars[TOOL_CALLS] == 1 and g.rewards.tolist() == [1.0]
+    assert g.tokens.tolist() == second["prompt_token_ids"] + second["token_ids"]
+    runs = np.flatnonzero(g.loss_mask)
+    assert g.tokens[runs].tolist() == first["token_ids"] + second["token_ids"]
+    text = tok.decode(second["prompt_token_ids"], skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nbe brief") and "47=42" in text
+
+
+BRANCHING: dict = {}
+
+
+async def branching_agent(row, base_url, api_key):
+    """Fans out: two concurrent calls from the opening, each continued on its own branch, a
+    sequential fork after a model turn, then forks until the episode's branches run out."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=20) as c:
+        calls = []
+
+        async def call(m):
+            r = await c.chat.completions.create(model="policy", messages=m, logprobs=True,
+                                                extra_body={"return_token_ids": True})
+            calls.append(r.model_dump())
+            return r.choices[0].message
+        msgs = [{"role": "user", "content": row["prompt"]}]
+        a, b = await asyncio.gather(call(msgs), call(msgs))
+        await asyncio.gather(call(msgs + [a, {"role": "tool", "content": "=1>"}]),
+                             call(msgs + [b, {"role": "tool", "content": "=3>"}]))
+        await call(msgs + [a, {"role": "tool", "content": "=2>"}])           # a fork after a's turn
+        try:
+            for _ in range(10):
+                await call(msgs)
+        except openai.BadRequestError as exc:
+            BRANCHING["refused"] = exc.body["code"]
+        BRANCHING["calls"] = calls
+    return 0.5
+
+
+def test_concurrent_and_forked_calls_are_branches_trained_each_as_a_sequence():
+    from orchestrator.envs.base import BRANCHES, MAX_BRANCHES
+
+    BRANCHING.clear()
+    r = runner(branching_agent, max_turns=30, budget=400)
+    r.start(9, prompt_id=9, row=4, n=1, is_eval=False, temperature=1.0)
+    (g,), turns, _ = drive(r, lambda k, t: ids(str(k % 10)) + [EOS])
+    r.close()
+    calls = BRANCHING["calls"]
+    assert BRANCHING["refused"] == "max_branches" and len(calls) == 5 + MAX_BRANCHES - 3
+    assert g.n == MAX_BRANCHES and g.scalars[BRANCHES] == MAX_BRANCHES - 1 and g.scalars[REJECTED] == 0
+    assert g.rewards.tolist() == [0.5] * g.n and g.prompt_lens.tolist() == [4] * g.n
+    full = [c["prompt_token_ids"] + c["choices"][0]["token_ids"] for c in calls]
+    seqs = [g.tokens[g.seq(i)].tolist() for i in range(g.n)]
+    assert sorted(map(tuple, seqs)) == sorted({tuple(f) for f in full if not any(
+        len(o) > len(f) and o[:len(f)] == f for o in full)})         # each branch's last call
+    for i, seq in enumerate(seqs):      # token-exact per branch: its calls' sampled ids, their logprobs
+        mine = [c for c, f in zip(calls, full) if seq[:len(f)] == f]
+        want = np.zeros(len(seq), np.uint8)
+        lps = np.zeros(len(seq), np.float32)
+        for c in mine:
+            p, t = len(c["prompt_token_ids"]), c["choices"][0]["token_ids"]
+            want[p:p + len(t)] = 1
+            lps[p:p + len(t)] = [x["logprob"] for x in c["choices"][0]["logprobs"]["content"]]
+        assert g.loss_mask[g.seq(i)].tolist() == want.tolist()
+        assert g.logprobs[g.seq(i)].tolist() == pytest.approx(lps.tolist())
+    # the concurrent pair started from the same prompt; the fork after a's turn shares a's ids
+    assert calls[0]["prompt_token_ids"] == calls[1]["prompt_token_ids"]
+    assert len({tuple(t.ids.tolist()) for t in turns}) == len(turns) - (MAX_BRANCHES - 3) - 1
