@@ -46,7 +46,8 @@ before each of its model turns (its ids ending with the generation prompt) and a
    call forked is dropped).
 5. The answer (`Turn`): the turn's text (stop token removed); with `tools` in a chat request and
    `tool_choice` other than "none", tool calls parsed by `envs.tool_parser` (`finish_reason:
-   tool_calls`); each id's text and its share of the text (streaming: `envs.sse`).
+   tool_calls`); each id's text (only with logprobs asked) and its share of the text (only when
+   streamed: `envs.sse`).
 """
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ class Session:
             prompt = self._prepare(b, new, req.limit, state, history, forked)
         ids, lps = await self._turn(b, prompt, new, req.limit, task, forked)
         try:
-            text, pieces, deltas = await self.runner.rendered(self._decode, ids)
+            text, pieces, deltas = await self.runner.rendered(self._decode, ids, bool(req.logprobs),
+                                                              bool(req.stream))
             content, calls = text, []
             if req.tools and req.tool_choice != "none":
                 n = self.ep.turns
@@ -262,7 +264,8 @@ class Session:
             prompt = self._prepare(b, new, req.limit, None, None, forked)
         ids, lps = await self._turn(b, prompt, new, req.limit, task, forked)
         try:
-            text, pieces, deltas = await self.runner.rendered(self._decode, ids)
+            text, pieces, deltas = await self.runner.rendered(
+                self._decode, ids, req.logprobs is not None, bool(req.stream))
             b.points.append(Point(len(b.ids), 0, None, ids))
         finally:
             b.busy = False
@@ -378,27 +381,32 @@ class Session:
         stopped = bool(ids) and ids[-1] in self.runner.tokens.stop_ids
         return "tool_calls" if calls else ("stop" if stopped else "length")
 
-    def _decode(self, ids: list[int]) -> tuple[str, list[str], list[str]]:
-        """(render thread) The turn's text (stop token removed), each id's text, and each id's
-        share of the turn's text (joined: the text)."""
+    def _decode(self, ids: list[int], pieces: bool, deltas: bool) -> tuple[str, list[str], list[str]]:
+        """(render thread) The turn's text (stop token removed); when asked, each id's text
+        (logprobs) and each id's share of the turn's text (streaming: joined, the text)."""
         tok = self.runner.renderer.tok
         text = completion_text(self.runner.tokens, ids)
-        pieces = [tok.decode([t], skip_special_tokens=False) for t in ids]
-        body = ids[:-1] if ids and ids[-1] in self.runner.tokens.stop_ids else ids
-        deltas = [tok.decode([t], skip_special_tokens=True) for t in body]
-        if "".join(deltas) != text:            # pieces that split a character: by prefixes
-            deltas, prev = [], ""
-            for i in range(len(body)):
-                cur = tok.decode(body[:i + 1], skip_special_tokens=True)
-                ok = cur.startswith(prev) and "\ufffd" not in cur[len(prev):]
-                deltas.append(cur[len(prev):] if ok else "")
-                prev = cur if ok else prev
-            if deltas:
-                deltas[-1] += text[len(prev):] if text.startswith(prev) else ""
-            if "".join(deltas) != text:
-                deltas = [text] + [""] * (len(body) - 1) if body else []
-        deltas += [""] * (len(ids) - len(body))
-        return text, pieces, deltas
+        each = [tok.decode([t], skip_special_tokens=False) for t in ids] if pieces else []
+        return text, each, (_deltas(tok, self.runner.tokens.stop_ids, ids, text) if deltas else [])
+
+
+def _deltas(tok, stop_ids, ids: list[int], text: str) -> list[str]:
+    """Each id's share of `text` (the ids' text, a final stop token removed): their concatenation is
+    `text`; an id that ends inside a character gets "" and the next one the character."""
+    body = ids[:-1] if ids and ids[-1] in stop_ids else ids
+    out = [tok.decode([t], skip_special_tokens=True) for t in body]
+    if "".join(out) != text:            # pieces that split a character: by prefixes
+        out, prev = [], ""
+        for i in range(len(body)):
+            cur = tok.decode(body[:i + 1], skip_special_tokens=True)
+            ok = cur.startswith(prev) and "\ufffd" not in cur[len(prev):]
+            out.append(cur[len(prev):] if ok else "")
+            prev = cur if ok else prev
+        if out:
+            out[-1] += text[len(prev):] if text.startswith(prev) else ""
+        if "".join(out) != text:
+            out = [text] + [""] * (len(body) - 1) if body else []
+    return out + [""] * (len(ids) - len(body))
 
 
 def _match(msgs: list[dict], b: Branch, k: int) -> tuple[bool, int]:

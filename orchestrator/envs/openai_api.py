@@ -244,8 +244,9 @@ class Turn:
     """One answered call: what the session sampled and what the agent is shown of it.
     `text`: the turn's text (stop token removed); `content` / `calls`: it parsed (chat with tools:
     the text before the first call, and the calls; else `content == text`, no calls); `pieces`:
-    each sampled id's text (special tokens kept, for logprobs); `deltas`: each sampled id's share
-    of `text` (their concatenation is `text`; a stop token's is "": streaming)."""
+    each sampled id's text (special tokens kept; only when logprobs are asked); `deltas`: each
+    sampled id's share of `text` (their concatenation is `text`, a stop token's is ""; only when
+    streamed)."""
     ident: str
     model: str
     text: str
