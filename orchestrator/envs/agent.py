@@ -13,7 +13,8 @@ runs one episode, `aclose()` stops the endpoint. One episode:
   does not return is abandoned and replaced). Many plain agents start at once: a library whose
   first use is not thread-safe fails there (openai's lazily built pydantic models:
   `DEFER_PYDANTIC_BUILD=false` before importing it, README);
-- the session is closed (later calls: 404; a call in flight is cancelled, its turn aborted);
+- the session is closed (later calls: 404; a call in flight is cancelled, its turn aborted and taken
+  back, waited for at most `agent_session.CLOSE_S`);
 - the outcome, in order: a call that ended the episode (limited or rejected: `ended`) decides it,
   whatever the agent did after; an agent that raised is an environment error (`task.env_on_error`:
   exit 2 naming the agent and the row, or reward 0 counted as reward_errors); an agent that never
@@ -82,8 +83,10 @@ class AgentEpisodes:
         try:
             result, error = await self._run(runner, what, row, self.endpoint.base_url(key), key)
         finally:
-            session.close()
-            del self.sessions[key]
+            try:
+                await session.aclose()         # calls in flight take their turns back first
+            finally:
+                del self.sessions[key]
             ep.env_s += max(0.0, time.monotonic() - t0 - ep.gen_s)     # the agent's own time
         ep.tool_calls += session.tool_calls
         ep.extra = session.extra()

@@ -2,8 +2,9 @@
 
 Contract: `Session(key, runner, group, episode, parser)`; `await chat(req, task)` /
 `await completion(req, task)` (from `envs.endpoint`) answer one call with a `Turn`
-(`envs.openai_api`) or raise `ApiError`; `close()` (from `envs.agent`, when the agent's run is
-over) refuses later calls and cancels the ones in flight. `ended` is None, "limited" or "rejected"
+(`envs.openai_api`) or raise `ApiError`; `await aclose()` (from `envs.agent`, when the agent's run
+is over) refuses later calls and cancels the ones in flight, waiting (bounded) until they have
+taken their turns back (`close()`: the same without the wait). `ended` is None, "limited" or "rejected"
 once a call ended the episode. `extra()`: the branches beyond the first, each a trajectory
 (`Branch`: ids, mask, logprobs, versions, prompt_len) trained as its own sequence with the
 episode's reward (`envs.runner`); the first branch is the episode's own trajectory (`ep`).
@@ -62,6 +63,8 @@ from orchestrator.envs.base import MAX_BRANCHES
 from orchestrator.envs.openai_api import ApiError, Turn, messages
 from orchestrator.envs.render import AppendError, TooLong
 from orchestrator.envs.tool_parser import parse_tool_calls
+
+CLOSE_S = 2.0           # aclose(): calls in flight get this long to take their turns back
 
 
 @dataclass
@@ -130,14 +133,30 @@ class Session:
         self._calls: set = set()
 
     def extra(self) -> list[Branch]:
-        """The branches beyond the first that hold a model turn (each trained as a sequence)."""
-        return [b for b in self.branches[1:] if any(b.mask)]
+        """(once no call is in flight) The branches beyond the first that hold a model turn, each
+        trained as a sequence. A first branch whose calls were all taken back (its client gone) is
+        replaced by the next one, so that the episode's own trajectory is one that was sampled."""
+        live = [b for b in self.branches[1:] if any(b.mask)]
+        ep = self.ep
+        if live and not any(ep.mask):
+            b = live.pop(0)
+            ep.ids[:], ep.mask[:], ep.logprobs[:], ep.versions[:] = b.ids, b.mask, b.logprobs, b.versions
+            ep.prompt_len = b.prompt_len
+        return live
 
     # ------------------------------------------------------------------ the agent's side
     def close(self) -> None:
         self.closed = True
         for t in list(self._calls):
             t.cancel()
+
+    async def aclose(self) -> None:
+        """`close()`, then wait (at most CLOSE_S) for the calls in flight to take their turns back,
+        so that nothing changes the episode's trajectories after it."""
+        tasks = [t for t in self._calls if t is not asyncio.current_task()]
+        self.close()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_S)
 
     def _end(self, reason: str, status: int, message: str, code: str) -> ApiError:
         self.ended = reason
@@ -320,6 +339,8 @@ class Session:
         """Check the budget, append `new` (context) to branch `b`, mark it busy: the turn's prompt.
         Synchronous: nothing else runs on the loop meanwhile."""
         lim = self.runner.limits
+        if self.closed:                 # closed while the call was routed: nothing is appended
+            raise ApiError(404, "no live episode has this key (its run is over)", code="episode_not_found")
         left = self._left() - len(new) - (len(b.ids) if forked else 0)
         if left <= 0:
             raise self._end("limited", 400, f"the prompt leaves none of the episode's "

@@ -504,3 +504,39 @@ def test_concurrent_and_forked_calls_are_branches_trained_each_as_a_sequence():
     # the concurrent pair started from the same prompt; the fork after a's turn shares a's ids
     assert calls[0]["prompt_token_ids"] == calls[1]["prompt_token_ids"]
     assert len({tuple(t.ids.tolist()) for t in turns}) == len(turns) - (MAX_BRANCHES - 3) - 1
+
+
+async def fan_out_one_gone_agent(row, base_url, api_key):
+    """Two concurrent first calls; the first one's client gives up (its branch taken back)."""
+    msgs = [{"role": "user", "content": row["prompt"]}]
+
+    async def impatient():
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=0.5) as c:
+            try:
+                await c.chat.completions.create(model="policy", messages=msgs)
+            except openai.APITimeoutError:
+                DISCONNECT["timed_out"] = True
+
+    async def patient():
+        await asyncio.sleep(0.1)              # after the first is in flight: a fork
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=20) as c:
+            r = await c.chat.completions.create(model="policy", messages=msgs,
+                                                extra_body={"return_token_ids": True})
+        DISCONNECT["ok"] = r.model_dump()
+    await asyncio.gather(impatient(), patient())
+    return 0.5
+
+
+def test_a_branch_whose_client_is_gone_is_taken_back_and_the_other_trained():
+    from orchestrator.envs.base import BRANCHES
+
+    DISCONNECT.clear()
+    r = runner(fan_out_one_gone_agent)
+    r.start(5, prompt_id=5, row=2, n=1, is_eval=False, temperature=1.0)
+    (g,), turns, aborts = drive(r, lambda k, t: ids("66") + [EOS], answer=lambda k: k > 0)
+    r.close()
+    ok = DISCONNECT["ok"]
+    assert DISCONNECT["timed_out"] and aborts == [turns[0].key] and len(turns) == 2
+    assert g.n == 1 and g.scalars[BRANCHES] == 0 and g.scalars[REJECTED] == 0
+    assert g.tokens.tolist() == ok["prompt_token_ids"] + ok["choices"][0]["token_ids"]
+    assert g.loss_mask.sum() == 3 and g.rewards.tolist() == [0.5] and g.prompt_lens.tolist() == [4]
