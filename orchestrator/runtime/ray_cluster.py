@@ -4,14 +4,17 @@ The supervisor, event loop, gate, sinks, checkpoints and messages stay as in loc
 inference worker runs changes. The supervisor is the Ray driver; trainer ranks stay its children on
 its node (the batch ring stays shared memory). Ray is imported here only, and only in ray mode.
 
-- `RayCluster(cfg, run_id).connect()` (before anything else starts; `res`, the run's shm objects,
-  is set before the first `start`): `ray.init(placement.ray_address)`,
-  then one placement group of `inference.num_workers` bundles (`placement.strategy`), each
-  {CPU: inference.threads_per_worker, GPU: placement.inference_gpus, **placement.inference_resources},
-  ready within `placement.ray_timeout_s`. Every refusal is `RunFailed(..., 2)` in one line naming
-  what is wrong: no cluster at the address, Ray versions of the driver and the cluster differ,
-  resources no node or the whole cluster has (named, with what the cluster has), a group that is
-  still not placed at the deadline.
+- `RayCluster(cfg, run_id).connect(check)` (before anything else starts; `res`, the run's shm
+  objects, is set before the first `start`): joins the cluster (`ray_connect.join`: the address
+  probed, a loopback-only cluster joined as 127.0.0.1, `ray.init` bounded by
+  `placement.ray_timeout_s`), then one placement group of `inference.num_workers` bundles
+  (`placement.strategy`), each {CPU: inference.threads_per_worker, GPU: placement.inference_gpus,
+  **placement.inference_resources}. Refusals are `RunFailed(..., 2)` in one line naming what is
+  wrong: no cluster at the address, Ray versions of the driver and the cluster differ, resources no
+  node or the whole cluster has (named, with what the cluster has). A wait past
+  `placement.ray_timeout_s` is `RunFailed(..., 1)` naming it: ray.init that does not return, a
+  group the cluster could hold but does not place (its resources taken: what is available is named).
+  `check()` (the supervisor's stop check) is called while waiting.
 - `start(spec) -> HostedWorker`: the worker's host actor
   (`orchestrator.runtime.ray_host.WorkerHost`) in bundle `spec.index` (kept across restarts while it
   lives, a new one in the same bundle otherwise) starts the worker. Bridged when the bundle's node is
@@ -50,16 +53,15 @@ import importlib.util
 import logging
 import os
 import secrets
-import signal
 import threading
 import time
 from typing import Optional
 
 from orchestrator import messages
 from orchestrator.errors import RunFailed
+from orchestrator.runtime import ray_connect
 from orchestrator.runtime.liveness import now_ms
 from orchestrator.runtime.ray_host import ChannelError, Frames, WorkerHost, first_line
-from orchestrator.runtime.signals import SIGNALS
 
 log = logging.getLogger("orchestrator.runtime.ray_cluster")
 CALL_TIMEOUT_S = 30.0      # one Ray call (an exchange waits at most WAIT_S of it)
@@ -68,7 +70,6 @@ STATUS_S = 0.1             # a hosted, not bridged, worker's exit code is asked 
 PUMP_JOIN_S = 5.0
 LOST = -9                  # the exit code of a worker whose host actor died
 MAX_FRAMES = 64            # request records per exchange
-PROBE_S = 5.0              # the cluster's address must accept a connection within this
 CARRY_WAIT_S = 0.005       # a pump whose records wait for room in the supervisor's ring pauses
 GLOO_TIMEOUT_S = 20.0      # a pair's rendezvous (the host imports torch first) and each gloo op;
                            # under CALL_TIMEOUT_S, so a host stuck in a receive is free again by then
@@ -91,66 +92,39 @@ class RayCluster:
         self._actor_cls = None
 
     # ------------------------------------------------------------------ connect
-    def connect(self) -> None:
+    def connect(self, check=lambda: None) -> None:
+        """`check()` is called while the cluster is waited for (the supervisor's stop check)."""
         ray = _ray()
         place = self.cfg.placement
         if importlib.util.find_spec("torch") is None:
             raise RunFailed("placement.mode=ray needs torch (weights to inference workers on other "
                             "nodes go over a torch.distributed gloo pair): pip install -e '.[ray]'", 2)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__import__("orchestrator").__file__)))
-        self._reachable(place.ray_address, min(PROBE_S, place.ray_timeout_s))
-        # ray.init makes SIGTERM exit the driver at once: the run's handlers are put back, and a
-        # signal that comes meanwhile waits (blocked) for them
-        handlers = {s: signal.getsignal(s) for s in SIGNALS}
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-        try:
-            ray.init(address=place.ray_address, log_to_driver=False, logging_level=logging.WARNING,
-                     namespace="arl", runtime_env={"env_vars": {"PYTHONPATH": root}})
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise RunFailed(f"placement.ray_address={place.ray_address}: cannot join the Ray cluster "
-                            f"({first_line(exc) or type(exc).__name__})", 2) from None
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        address = ray_connect.join(place, root, check)
         self.driver_node = ray.get_runtime_context().get_node_id()
         bundles = [self._bundle() for _ in range(self.cfg.inference.num_workers)]
         self._check_resources(bundles[0], len(bundles))
         from ray.util import placement_group, remove_placement_group
         self.pg = placement_group(bundles, strategy=place.strategy, name=f"arl-{self.run_id}")
-        try:
-            ray.get(self.pg.ready(), timeout=place.ray_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(self.pg)
-            self.pg = None
-            raise RunFailed(f"placement: the placement group of {len(bundles)} x {bundles[0]} "
-                            f"({place.strategy}) was not placed within placement.ray_timeout_s="
-                            f"{place.ray_timeout_s} (cluster: {self._totals()})", 2) from None
+        ready, deadline = self.pg.ready(), time.monotonic() + place.ray_timeout_s
+        while True:                 # in slices, so a stop signal meanwhile is seen
+            check()
+            try:
+                ray.get(ready, timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+                break
+            except ray.exceptions.GetTimeoutError:
+                if time.monotonic() < deadline:
+                    continue
+                remove_placement_group(self.pg)
+                self.pg = None
+                raise RunFailed(f"placement: the placement group of {len(bundles)} x {bundles[0]} "
+                                f"({place.strategy}) was not placed within placement.ray_timeout_s="
+                                f"{place.ray_timeout_s:g} (cluster: {self._totals()}, available: "
+                                f"{self._available()})", 1) from None
         self._actor_cls = ray.remote(WorkerHost)
         log.info("Ray %s at %s: placement group %s of %d bundles %s (%s), driver node %s",
-                 ray.__version__, place.ray_address, self.pg.id.hex()[:12], len(bundles), bundles[0],
+                 ray.__version__, address, self.pg.id.hex()[:12], len(bundles), bundles[0],
                  place.strategy, self.driver_node[:12])
-
-    @staticmethod
-    def _reachable(address: str, timeout_s: float) -> None:
-        """Something listens at the cluster's address (ray.init would retry for minutes)."""
-        import socket
-        ray = _ray()
-        where = address
-        if address == "auto":
-            try:
-                where = ray._private.services.canonicalize_bootstrap_address(address)
-            except Exception:
-                where = None
-            if not where:
-                raise RunFailed("placement.ray_address=auto: no Ray cluster runs on this machine "
-                                "(start one with `ray start --head`, or name its host:port)", 2)
-        host, _, port = where.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        except (OSError, ValueError) as exc:
-            raise RunFailed(f"placement.ray_address={address}: no Ray cluster answers at {where} "
-                            f"({type(exc).__name__}: {exc})", 2) from None
 
     def _bundle(self) -> dict:
         place, inf = self.cfg.placement, self.cfg.inference
@@ -162,6 +136,9 @@ class RayCluster:
 
     def _totals(self) -> dict:
         return {k: v for k, v in _ray().cluster_resources().items() if not k.startswith("node:")}
+
+    def _available(self) -> dict:
+        return {k: v for k, v in _ray().available_resources().items() if not k.startswith("node:")}
 
     def _check_resources(self, bundle: dict, n: int) -> None:
         """A bundle no alive node can hold, or bundles the cluster cannot hold together: exit 2."""
@@ -206,13 +183,14 @@ class RayCluster:
                          "shm rings (the driver's node)")
             try:
                 pid = ray.get(actor.start.remote(spec, self.res.sizes, self.res.weights.nbytes),
-                              timeout=CALL_TIMEOUT_S)
+                              timeout=max(1.0, deadline - time.monotonic()))   # actor creation too
                 pair = self._pair(actor, i, spec.gen, node) if bridged else None
                 break
             except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise RunFailed(f"inference worker {i}: no Ray host could start it on node "
-                                    f"{(first or node)[:12]} or elsewhere within "
+                if time.monotonic() >= deadline:
+                    raise RunFailed(f"inference worker {i}: no Ray host actor (WorkerHost) in "
+                                    f"bundle {i} could start it on node {(first or node)[:12]} or "
+                                    f"elsewhere within "
                                     f"placement.ray_timeout_s={timeout:g} ({type(exc).__name__}: "
                                     f"{first_line(exc)})") from None
                 log.warning("inference worker %d: its host on node %s failed (%s); again",

@@ -284,7 +284,7 @@ class Supervisor:
             if cfg.placement.mode == "ray":     # before anything starts: a refusal is exit 2
                 from orchestrator.runtime.ray_cluster import RayCluster
                 self.cluster = RayCluster(cfg, names.run_id)
-                self.cluster.connect()
+                self.cluster.connect(lambda: self._check_stop("startup"))
             self._check_stop("startup")
             self.spawner.start_server(self.scratch)    # imports the workers' modules meanwhile
             self.prompt_tokens = int(task.max_prompt_tokens)

@@ -23,9 +23,17 @@ ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 # On Linux a driver resolves 127.0.0.1 to the machine's address (to be reachable from other
-# nodes); a cluster bound to 127.0.0.1 only is reached with Ray's loopback setting.
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# nodes); a cluster bound to 127.0.0.1 only is reached with Ray's loopback setting. The runs set it
+# themselves (orchestrator.runtime.ray_connect); the tests' own drivers are given it.
+LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK = {LOOPBACK_VAR: "0"}
 SLOW = ["inference.sim.latency_s=0.05", "actor.sim.step_time_s=0.06"]
+
+
+@pytest.fixture(autouse=True)
+def _no_loopback_setting(monkeypatch):
+    """The runs get nothing of Ray's loopback setting from the tests' environment."""
+    monkeypatch.delenv(LOOPBACK_VAR, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +55,12 @@ def _placed(cluster):
 
 
 def _start(cluster, run_dir, *overrides):
-    return start(run_dir, *_placed(cluster), "rollout.filter_zero_std=false", *overrides,
-                 env=LOOPBACK)
+    return start(run_dir, *_placed(cluster), "rollout.filter_zero_std=false", *overrides)
 
 
 def _run(cluster, run_dir, *overrides, timeout=180):
     return run(run_dir, *_placed(cluster), "rollout.filter_zero_std=false", *overrides,
-               timeout=timeout, env=LOOPBACK)
+               timeout=timeout)
 
 
 def _gloo(log: str) -> dict:
@@ -212,10 +219,94 @@ def test_a_placement_the_cluster_cannot_hold_is_exit_2(cluster, tmp_path, overri
 
 
 def test_no_cluster_at_the_address_is_exit_2(tmp_path):
-    out = run(tmp_path, "placement.mode=ray", "placement.ray_address=127.0.0.1:9", env=LOOPBACK)
+    out = run(tmp_path, "placement.mode=ray", "placement.ray_address=127.0.0.1:9")
     assert out.returncode == 2, out.stderr[-2000:]
     lines = error_lines(out.stderr)
     assert len(lines) == 1 and "placement.ray_address=127.0.0.1:9" in lines[0], out.stderr
+
+
+def test_the_readme_command_joins_a_loopback_cluster_with_nothing_set(cluster, tmp_path):
+    """The README's command (configs/default.yaml, the torch job) against a cluster on 127.0.0.1,
+    no environment variable set: it used to wait in ray.init without end (0 steps, an empty
+    supervisor.log), Ray's driver turning 127.0.0.1 into this machine's address, where the cluster
+    does not listen. The run joins as 127.0.0.1 and says so in one line."""
+    out = run(tmp_path, *_placed(cluster), "run.total_steps=20", config="configs/default.yaml",
+              timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in steps(tmp_path)] == list(range(1, 21))
+    log = (tmp_path / "logs" / "supervisor.log").read_text()
+    joined = [line for line in log.splitlines() if "joins it as 127.0.0.1" in line]
+    assert len(joined) == 1 and f"{cluster.address} is loopback" in joined[0], log
+    assert "records over Ray (another node)" in log
+
+
+@pytest.fixture
+def deaf_listener():
+    """host:port of a socket that accepts connections and never answers (no GCS behind it)."""
+    import socket
+    import threading
+    srv = socket.create_server(("127.0.0.1", 0))
+    conns, done = [], threading.Event()
+
+    def accept():                       # owned by the fixture, ended by its teardown
+        srv.settimeout(0.2)
+        while not done.is_set():
+            try:
+                conns.append(srv.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"127.0.0.1:{srv.getsockname()[1]}"
+    done.set()
+    t.join(5)
+    for c in conns:
+        c.close()
+    srv.close()
+
+
+def _hold(cluster, resources: dict):
+    """A driver of the test's own holding a placement group of `resources` until killed."""
+    code = ("import logging, sys, time, ray; from ray.util import placement_group; "
+            f"ray.init(address={cluster.address!r}, log_to_driver=False, "
+            "logging_level=logging.ERROR); "
+            f"pg = placement_group([{resources!r}]); ray.get(pg.ready(), timeout=60); "
+            "print('held', flush=True); time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, **LOOPBACK})
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@pytest.mark.parametrize("wait", ["ray.init", "placement group"])
+def test_a_wait_on_the_cluster_past_ray_timeout_s_is_exit_1_naming_it(cluster, tmp_path, wait,
+                                                                     request):
+    """ray.init against an address that accepts connections but never answers, and a placement
+    group the cluster could hold but whose resources another driver holds: each is exit 1 within
+    placement.ray_timeout_s (+ the launch's own start) in one line naming the wait (today's code
+    waited in ray.init without end; the group's wait was exit 2)."""
+    holder = None
+    if wait == "ray.init":
+        deaf = request.getfixturevalue("deaf_listener")
+        overrides = ["placement.mode=ray", f"placement.ray_address={deaf}"]
+    else:
+        holder = _hold(cluster, {"node_b": 2})
+        overrides = _placed(cluster)
+    try:
+        t0 = time.monotonic()
+        out = run(tmp_path, *overrides, "placement.ray_timeout_s=5", timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(30)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert took < 5 + 30, took
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and wait in lines[0] and "placement.ray_timeout_s=5" in lines[0], out.stderr
+    assert not (tmp_path / "logs" / "inference0.log").exists()
+    assert _hosts() == []
 
 
 def _node_of_worker(cluster, run_dir, i):
@@ -279,7 +370,7 @@ def test_the_default_job_learns_with_its_inference_on_another_node(cluster, tmp_
     """The embedded default job (torch backends) with its inference worker on the second node
     learns within test_default_learns's bounds (the same job in local mode)."""
     import numpy as np
-    cfg, _, s = run_embedded(tmp_path, overrides=_placed(cluster), env=LOOPBACK)
+    cfg, _, s = run_embedded(tmp_path, overrides=_placed(cluster))
     log = (tmp_path / "logs" / "supervisor.log").read_text()
     assert "records over Ray (another node)" in log and "weights over gloo from" in log
     sent = _gloo(log)
