@@ -498,9 +498,15 @@ class TaskConfig(_Section):
                                   "built-in task's own reward (required with task.dataset)")
     system_prompt: Optional[str] = Field(None, description="system turn put before every chat "
                                          "prompt that has none (needs chat rendering)")
-    apply_chat_template: bool = Field(False, description="wrap plain-string prompts as one user turn "
-                                      "and render them with the model's chat template (lists of "
-                                      "messages always are); false: strings are tokenized as given")
+    apply_chat_template: Union[bool, Literal["auto"]] = Field(
+        "auto", description="plain-string prompts: true wraps each as one user turn rendered with the "
+        "model's chat template, false tokenizes it as given; auto (the default): true when the "
+        "tokenizer has a chat template, else false (said at start; config.yaml keeps the resolved "
+        "value). Lists of messages are always rendered with the template")
+    unknown_chars: Literal["error", "warn"] = Field(
+        "error", description="prompts holding characters the tokenizer has no token for (they would "
+        "become its unknown token, <pad> for the built-in one): error (exit 2 naming the row and "
+        "the characters) or warn (one line at start with the count; trained as the unknown token)")
     max_prompt_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS, description="longest prompt "
                                              "in tokens; longer ones are handled per "
                                              "task.overlong_prompts. None: the dataset's longest")
@@ -768,13 +774,23 @@ class AlgoConfig(_Section):
 
 class Config(_Section):
     """The whole run. `notes`: warnings from `load_config` for the launcher to print (not part of the
-    resolved config)."""
+    resolved config). `said`: what the run decided for the user at start (a default resolved, a
+    round added), one line each, printed once as `note: ...` (`say(line)` adds one)."""
 
     @property
     def notes(self) -> list[str]:
         return self._notes
 
+    @property
+    def said(self) -> list[str]:
+        return self._said
+
+    def say(self, line: str) -> None:
+        if line not in self._said:
+            self._said.append(line)
+
     _notes: list[str] = PrivateAttr(default_factory=list)
+    _said: list[str] = PrivateAttr(default_factory=list)
     run: RunConfig = Field(default_factory=RunConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)

@@ -81,6 +81,9 @@ def _run(cfg, plan, stop, task) -> int:
     logging.basicConfig(filename=f"{log_hint}/supervisor.log", level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("orchestrator.launch")
+    for line in cfg.said:
+        log.info("%s", line)
+        print(f"note: {line}", file=sys.stderr)
     for w in cfg.notes + plan.warnings:
         log.warning("%s", w)
         print(f"warning: {w}", file=sys.stderr)

@@ -15,9 +15,15 @@ Contract:
 - `PromptRenderer(tokens, task_cfg)`: `ids(value) -> int32 array`. A list of chat messages
   ({role, content} mappings) is rendered with the tokenizer's chat template and the generation
   prompt, a `task.system_prompt` turn first unless the messages start with one. A plain string is
-  wrapped as one user turn when `task.apply_chat_template` is set, else tokenized as given (with the
-  tokenizer's own special tokens, e.g. a leading bos). Anything else raises `DataError`.
-  Rendered text is tokenized once; the ids are what the engine sees and what the trainer trains on.
+  wrapped as one user turn when `task.apply_chat_template` is true (`auto`: when the tokenizer has a
+  chat template; `chat` says whether it has), else tokenized as given (with the tokenizer's own
+  special tokens, e.g. a leading bos). Anything else raises `DataError`. A prompt with characters
+  the tokenizer has no token for (ids equal to its unknown id: `<pad>` for the built-in one) raises
+  `DataError` naming them (`task.unknown_chars=error`), or is counted in `unknown_prompts` and
+  `unknown_seen` (`warn`). Rendered text is tokenized once; the ids are what the engine sees and
+  what the trainer trains on.
+- `rendering_line(task_cfg, chat)`: the start-up line that says how plain-string prompts are
+  rendered when `task.apply_chat_template=auto` decided it.
 - `completion_text(tokens, ids)`: the text a reward sees: the completion without its final stop
   token, decoded without special tokens.
 """
@@ -110,6 +116,7 @@ class CharTokenizer:
         self._hf = None
         self.pad_token_id, self.bos_token_id, self.eos_token_id = (VOCAB.index(t) for t in (PAD, BOS, EOS))
         self.pad_token, self.bos_token, self.eos_token = PAD, BOS, EOS
+        self.unk_token, self.unk_token_id = PAD, self.pad_token_id      # what an unknown character becomes
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
         if not isinstance(text, str):
@@ -195,12 +202,45 @@ def completion_text(tokens: ModelTokens, ids) -> str:
     return tokens.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def rendering_line(task_cfg, chat: bool) -> Optional[str]:
+    if task_cfg.apply_chat_template != "auto":
+        return None
+    if chat:
+        return ("task.apply_chat_template=auto: plain-string prompts are rendered as one user turn "
+                "with the tokenizer's chat template (false: tokenized as given)")
+    return ("task.apply_chat_template=auto: the tokenizer has no chat template, plain-string prompts "
+            "are tokenized as given")
+
+
+def unknown_chars(tok, text: str, ids) -> tuple[str, ...]:
+    """The pieces of `text` (characters, or words for a word-level tokenizer) that `tok` turned into
+    its unknown token, sorted and each once (empty when none)."""
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None or int(unk) not in {int(t) for t in ids}:
+        return ()
+    if isinstance(tok, CharTokenizer):
+        known = set(tok.get_vocab())
+        chars = {c for c in text if c not in known}
+    else:
+        try:
+            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            chars = {text[a:b] for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
+                     if int(t) == int(unk)}
+        except (TypeError, ValueError, KeyError, NotImplementedError):    # a slow tokenizer: no offsets
+            chars = {f"<{sum(int(t) == int(unk) for t in ids)} unknown tokens>"}
+    return tuple(sorted(chars))
+
+
 class PromptRenderer:
     def __init__(self, tokens: ModelTokens, task_cfg):
         self.tok = tokens.tokenizer
         self.system = task_cfg.system_prompt
-        self.wrap = bool(task_cfg.apply_chat_template)
+        self.chat = bool(getattr(self.tok, "chat_template", None))
+        wrap = task_cfg.apply_chat_template
+        self.wrap = self.chat if wrap == "auto" else bool(wrap)
         self.field = task_cfg.prompt_field
+        self.on_unknown = task_cfg.unknown_chars
+        self.unknown_prompts, self.unknown_seen = 0, set()
         if (self.wrap or self.system is not None) and not getattr(self.tok, "chat_template", None):
             what = "task.system_prompt" if self.system is not None else "task.apply_chat_template"
             raise DataError(f"{what} needs a chat template, and the tokenizer of model.path has none")
@@ -225,7 +265,7 @@ class PromptRenderer:
                 if self.system is not None:
                     raise DataError("task.system_prompt with plain-string prompts needs "
                                     "task.apply_chat_template: true")
-                return np.asarray(self.tok(value)["input_ids"], dtype=np.int32)
+                return self._known(value, np.asarray(self.tok(value)["input_ids"], dtype=np.int32))
             value = [{"role": "user", "content": value}]
         if not isinstance(value, list):
             raise DataError(f"field '{self.field}' holds a {type(value).__name__}, not a string or a "
@@ -235,4 +275,17 @@ class PromptRenderer:
                             f"model.path has no chat template")
         text = self.tok.apply_chat_template(self._messages(value), tokenize=False,
                                             add_generation_prompt=True)
-        return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+        return self._known(text, np.asarray(self.tok(text, add_special_tokens=False)["input_ids"],
+                                            dtype=np.int32))
+
+    def _known(self, text: str, ids: np.ndarray) -> np.ndarray:
+        chars = unknown_chars(self.tok, text, ids)
+        if chars:
+            if self.on_unknown == "error":
+                shown = ", ".join(repr(c) for c in chars[:20]) + (", ..." if len(chars) > 20 else "")
+                raise DataError(f"characters the tokenizer has no token for: {shown} (they would "
+                                f"train as {self.tok.unk_token!r}; task.unknown_chars=warn trains "
+                                f"them so)")
+            self.unknown_prompts += 1
+            self.unknown_seen.update(chars)
+        return ids

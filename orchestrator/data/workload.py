@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.data.digits import DEFAULT_EVAL
-from orchestrator.data.tokens import DataError, PromptRenderer, load_tokens
+from orchestrator.data.tokens import DataError, PromptRenderer, load_tokens, rendering_line
 
 NO_ROW = -1         # a prompt with no dataset row (sim)
 
@@ -87,6 +87,7 @@ def load_prompts(cfg):
     from orchestrator.data.rewards import NEEDS_ANSWER, resolve_reward
 
     tokens = _tokens(cfg)
+    _resolve_rendering(cfg, tokens)
     if env_spec(cfg) is not None:          # an environment scores its episodes: resolve it here,
         from orchestrator.envs.registry import resolve_agent, resolve_env   # so a bad task.env
         from orchestrator.envs.render import TurnRenderer                   # is exit 2
@@ -103,8 +104,29 @@ def load_prompts(cfg):
         needs_answer = name in NEEDS_ANSWER
     train, evl = datasets_for(cfg)
     limit = cfg.task.num_eval_prompts if cfg.task.dataset is not None else None
-    return PromptSet(train, evl, PromptRenderer(tokens, cfg.task), cfg.task, cfg.run.seed,
-                     eval_limit=limit, needs_answer=needs_answer)
+    renderer = PromptRenderer(tokens, cfg.task)
+    prompts = PromptSet(train, evl, renderer, cfg.task, cfg.run.seed, eval_limit=limit,
+                        needs_answer=needs_answer)
+    if renderer.unknown_prompts:
+        seen = sorted(renderer.unknown_seen)
+        shown = ", ".join(repr(c) for c in seen[:20]) + (", ..." if len(seen) > 20 else "")
+        cfg.notes.append(f"{renderer.unknown_prompts} prompts hold characters the tokenizer has no "
+                         f"token for ({shown}); they train as {tokens.tokenizer.unk_token!r} "
+                         f"(task.unknown_chars=warn)")
+    return prompts
+
+
+def _resolve_rendering(cfg, tokens) -> None:
+    """`task.apply_chat_template=auto` becomes what the tokenizer allows (config.yaml keeps that
+    value); a run on an HF tokenizer says so at start."""
+    chat = bool(getattr(tokens.tokenizer, "chat_template", None))
+    line = rendering_line(cfg.task, chat)
+    if line is None:
+        return
+    from orchestrator.config import env_spec
+    cfg.task.apply_chat_template = chat
+    if cfg.model.path is not None and (cfg.task.agent is not None or env_spec(cfg) is None):
+        cfg.say(line)       # an environment's messages are always rendered with the template
 
 
 def load_rows(cfg):

@@ -37,11 +37,42 @@ def test_chat_messages_render_with_the_template_and_generation_prompt(hf_model_d
 
 def test_plain_strings_as_given_or_wrapped(hf_model_dir):
     tokens = load_tokens(str(hf_model_dir))
-    plain = PromptRenderer(tokens, _task()).ids("copy the digits")
+    plain = PromptRenderer(tokens, _task(apply_chat_template=False)).ids("copy the digits")
     assert plain.tolist() == tokens.tokenizer("copy the digits")["input_ids"]
-    wrapped = PromptRenderer(tokens, _task(apply_chat_template=True)).ids("copy the digits")
-    assert tokens.tokenizer.decode(wrapped) == \
-        "<|im_start|>user\ncopy the digits<|im_end|>\n<|im_start|>assistant\n"
+    turn = "<|im_start|>user\ncopy the digits<|im_end|>\n<|im_start|>assistant\n"
+    for wrap in (True, "auto"):                 # auto, the default: the template, since it has one
+        wrapped = PromptRenderer(tokens, _task(apply_chat_template=wrap)).ids("copy the digits")
+        assert tokens.tokenizer.decode(wrapped) == turn
+    assert _task().apply_chat_template == "auto"
+    builtin = PromptRenderer(load_tokens(None), _task())      # no template: auto is as given
+    assert not builtin.wrap and builtin.ids("12").tolist() == load_tokens(None).tokenizer("12")["input_ids"]
+
+
+def test_characters_without_a_token_are_named_or_counted():
+    tokens = load_tokens(None)                  # the built-in tokenizer: digits and a few marks
+    with pytest.raises(DataError, match=r"no token for: 'a', 'd'.*task.unknown_chars=warn"):
+        PromptRenderer(tokens, _task()).ids("add 12")
+    warn = PromptRenderer(tokens, _task(unknown_chars="warn"))
+    ids = warn.ids("add 12")
+    assert ids.tolist().count(tokens.tokenizer.unk_token_id) == 3
+    assert (warn.unknown_prompts, warn.unknown_seen) == (1, {"a", "d"})
+    warn.ids("12")
+    assert warn.unknown_prompts == 1
+
+
+def test_an_hf_tokenizer_with_an_unknown_token_names_what_it_lost(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "copy": 1, "12": 2, "</s>": 3}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[UNK]",
+                                   eos_token="</s>")
+    fast.save_pretrained(tmp_path)
+    tokens = load_tokens(str(tmp_path))
+    assert PromptRenderer(tokens, _task()).ids("copy 12").tolist() == [1, 2]
+    with pytest.raises(DataError, match="no token for: 'banana'"):
+        PromptRenderer(tokens, _task()).ids("copy banana 12")
 
 
 @pytest.mark.parametrize("value, needle", [
