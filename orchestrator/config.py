@@ -1184,7 +1184,18 @@ def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) ->
     except ValidationError as err:
         raise ConfigError(_format_error(err)) from None
     cfg._notes.extend(notes)
+    _say_final_eval(cfg)
     return cfg
+
+
+def _say_final_eval(cfg: Config) -> None:
+    """Eval rounds run every eval.every_steps and once more at run.total_steps (verl's test_freq and
+    last step): said at start when the last step is not already one of them."""
+    every, total = cfg.eval.every_steps, cfg.run.total_steps
+    if every and total % every:
+        when = "once, at" if every > total else "every eval.every_steps and a final round at"
+        cfg.say(f"eval.every_steps={every} does not divide run.total_steps={total}: eval runs "
+                f"{when} step {total}")
 
 
 def _eval_without_eval_set(data: dict) -> list[str]:

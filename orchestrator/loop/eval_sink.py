@@ -1,7 +1,8 @@
 """Eval rounds: when one is due, what it asks for, and what it reports.
 
-`EvalSink(eval_cfg, max_new_tokens, start_step)`: `due(version)` is true once per version that is a
-multiple of `eval.every_steps`, after the run's (re)start and while no round is open;
+`EvalSink(eval_cfg, max_new_tokens, start_step, total_steps)`: `due(version)` is true once per
+version that is a multiple of `eval.every_steps` or is `total_steps` (the final round, as verl
+runs one at its last step), after the run's (re)start and while no round is open;
 `open_round(step, prompts, new_id)` returns the round's `Generate` requests (every eval prompt,
 `eval.samples_per_prompt` samples at `eval.temperature`; `new_id()` allocates request ids) and opens
 the round. `add(request_id, group)` collects its rollouts (no advantages, no filtering) and, once
@@ -21,8 +22,9 @@ FULL_REWARD = 1.0
 
 
 class EvalSink:
-    def __init__(self, eval_cfg, max_new_tokens: int, start_step: int = 0):
-        self.cfg, self.max_new_tokens = eval_cfg, max_new_tokens
+    def __init__(self, eval_cfg, max_new_tokens: int, start_step: int = 0,
+                 total_steps: Optional[int] = None):
+        self.cfg, self.max_new_tokens, self.total_steps = eval_cfg, max_new_tokens, total_steps
         self.start_step = self.last = start_step     # last: the version of the last round opened
         self.step: Optional[int] = None
         self.expected: set[int] = set()
@@ -36,8 +38,8 @@ class EvalSink:
 
     def due(self, version: int) -> bool:
         every = self.cfg.every_steps
-        return bool(every) and version % every == 0 and version > self.start_step \
-            and not self.active and self.last < version
+        return bool(every) and (version % every == 0 or version == self.total_steps) \
+            and version > self.start_step and not self.active and self.last < version
 
     def open_round(self, step: int, prompts, new_id: Callable[[], int]) -> list[messages.Generate]:
         self.last = step

@@ -64,7 +64,7 @@ class EventLoop:
                                   version=self.counter.get)
         self.dispatcher = Dispatcher(res.inference_req, r.queue_size)
         self.sink = TrainSink.for_config(cfg)
-        self.eval_sink = EvalSink(cfg.eval, r.max_new_tokens, start_step)
+        self.eval_sink = EvalSink(cfg.eval, r.max_new_tokens, start_step, cfg.run.total_steps)
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task
         self.cursor = cursor or PromptCursor(task)
