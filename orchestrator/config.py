@@ -514,9 +514,10 @@ class TaskConfig(_Section):
                                                          "task.max_prompt_tokens: filter (dropped at "
                                                          "load and counted) or error (exit 2)")
     reward_workers: int = Field(4, ge=0, le=256, description="reward threads per inference worker "
-                                "(rewards run off the decode loop; <= 256). 0: score inline on the "
-                                "worker's main thread, for microsecond rewards such as `digits` "
-                                "(a slow reward then stalls decoding)")
+                                "(rewards run off the decode loop; <= 256). 0: each group scored "
+                                "before decoding goes on, in finish order, for microsecond rewards "
+                                "such as `digits` (a slow reward then stalls decoding; each call is "
+                                "still bounded by task.reward_timeout_s)")
     reward_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="one reward call's "
                                     "time limit (<= 1 day)")
     reward_on_error: Literal["fail", "zero"] = Field("fail", description="a reward that raises, "

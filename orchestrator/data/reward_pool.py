@@ -3,19 +3,22 @@
 Contract: `RewardPool(fn, name, tokens, rows, workers, timeout_s, on_error)`. `submit(seqs, row,
 is_eval)` queues one finished rollout group (every sample of it is scored against dataset row
 `row`); `ready(wait_s=0)` returns the groups whose rewards are all in, rewards filled, in any order,
-waiting at most `wait_s` for the pending ones (0: never blocks); `busy()` says whether any group is still being scored. Each call is
-`fn(completion_text, row_dict, completion_ids)` on a pool thread, so a slow reward never stalls
-generation or the supervisor. With `workers=0` every call runs inline in `submit()` on the worker's
-main thread, in the order groups finish (for microsecond rewards such as the built-in `digits`: no
-hand-off between threads reorders or delays groups); a call that ran longer than `timeout_s` is
-then judged after the fact, like one that timed out on a thread. A call that raises, returns anything but a finite real number (a bool
+waiting at most `wait_s` for the pending ones (0: never blocks); `busy()` says whether any group is
+still being scored. Each call is `fn(completion_text, row_dict, completion_ids)` on a pool thread,
+so a slow reward never stalls generation or the supervisor. With `workers=0` each group is scored
+before `submit()` returns, in the order groups finish (for microsecond rewards such as the built-in
+`digits`: no hand-off reorders or delays groups), by one reward thread while the worker's main
+thread waits, calling `beat()` (the worker's heartbeat, which the worker sets) every
+`INLINE_SLICE_S`: a call past `timeout_s` is abandoned there as on a pool thread, so no reward holds
+the main thread longer than `timeout_s` a call, and none past the worker's heartbeat timeout.
+A call that raises, returns anything but a finite real number (a bool
 is not one), or runs longer than `timeout_s` is bad environment output: with `on_error="fail"`
 `ready()` raises `BadEnvOutput` naming the function, the row and the prompt (the run exits 2); with
 `"zero"` the sample scores 0 and the group's `scalars[REWARD_ERRORS]` counts it (the step line's
 `reward_errors`). Samples of a group are scored in order by one thread (few hand-offs between
 threads). A timed-out call cannot be killed: its thread is retired (it exits the moment the call
 returns, serving nothing more) and a fresh one takes its place and the rest of its group, so live
-threads stay <= workers + the stuck cap, `MAX_STUCK_PER_WORKER` x workers timed-out calls still
+threads stay <= workers + the stuck cap, `MAX_STUCK_PER_WORKER` x max(workers, 1) timed-out calls still
 running, beyond which the run fails (`BadEnvOutput`, whatever `on_error` says). Timeouts are
 reported, never absorbed: a warning in the worker log with the counts at the 1st, 2nd, 4th, 8th...
 `close()` never blocks: no thread takes a call after it, each ends when its current call returns.
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 REWARD_ERRORS = 0           # Sequences.scalars[REWARD_ERRORS] of a scored group
 MAX_STUCK_PER_WORKER = 4
 WAIT_SLICE_S = 0.002        # ready(wait_s) re-checks timeouts and `until` this often
+INLINE_SLICE_S = 0.05       # workers=0: submit() beats and re-checks timeouts this often
 
 
 class BadEnvOutput(ValueError):
@@ -74,15 +78,17 @@ class RewardPool:
                  workers: int, timeout_s: float, on_error: str):
         self.fn, self.name, self.tokens, self.rows = fn, name, tokens, rows
         self.workers, self.timeout_s, self.on_error = int(workers), float(timeout_s), on_error
+        self.beat: Callable[[], None] = lambda: None     # workers=0: called while submit() waits
         self._jobs: "queue.SimpleQueue[Optional[_Group]]" = queue.SimpleQueue()
         self._pending: list[_Group] = []
+        self._scored: list = []            # groups scored inside submit(), for ready()
         self._stuck: list[_Call] = []
         self._timeouts = 0
         self._closed = False
         self._cv = threading.Condition()
         self._serial = itertools.count()
         self._threads: list[threading.Thread] = []
-        for _ in range(self.workers):
+        for _ in range(max(self.workers, 1)):
             self._spawn()
 
     def _spawn(self) -> None:
@@ -126,13 +132,16 @@ class RewardPool:
     def submit(self, seqs, row: int, is_eval: bool) -> None:
         g = _Group(seqs, row, [_Call(seqs, i, row, is_eval) for i in range(seqs.n)])
         self._pending.append(g)
-        if self.workers:
-            self._jobs.put(g)
-        else:
-            self._run(g)
+        self._jobs.put(g)
+        while not self.workers and g in self._pending:      # inline: scored before returning
+            with self._cv:
+                if not any(c.done and c.scored is None for c in g.calls):
+                    self._cv.wait(INLINE_SLICE_S)
+            self.beat()
+            self._scored += self._collect()
 
     def busy(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._scored)
 
     def _where(self, g: _Group, c: _Call) -> str:
         kind = "eval row" if c.is_eval else "row"
@@ -149,7 +158,7 @@ class RewardPool:
                 c.abandoned = True
         if running:
             return self._replace(g, c, where)
-        if c.finished - c.started > self.timeout_s:     # inline: judged after the fact
+        if c.finished - c.started > self.timeout_s:     # done, but later than allowed
             return 0.0, where.format(f"ran longer than task.reward_timeout_s={self.timeout_s:g}")
         if c.error is not None:
             exc = c.error
@@ -164,7 +173,7 @@ class RewardPool:
         """A call past its timeout: a fresh thread takes its thread's place and the rest of `g`."""
         self._timeouts += 1
         self._stuck = [s for s in self._stuck if not s.done] + [c]
-        cap = MAX_STUCK_PER_WORKER * self.workers
+        cap = MAX_STUCK_PER_WORKER * max(self.workers, 1)
         limit = f"task.reward_timeout_s={self.timeout_s:g}"
         if self._timeouts & (self._timeouts - 1) == 0:        # 1, 2, 4, 8, ...
             log.warning("reward function %r timed out %d times so far (%s); %d of its calls still "
@@ -181,7 +190,8 @@ class RewardPool:
         """Scored groups; waits up to `wait_s` for every pending group to be scored, or until
         `until()` (checked every WAIT_SLICE_S) says there is other work (the worker waits only while
         its backend is idle and no request is waiting, so groups finished together leave together)."""
-        out, end = self._collect(), time.monotonic() + wait_s
+        out, end = self._scored + self._collect(), time.monotonic() + wait_s
+        self._scored = []
         while self._pending and (left := end - time.monotonic()) > 0 and not (until and until()):
             with self._cv:
                 if not any(c.done for g in self._pending for c in g.calls if c.scored is None):

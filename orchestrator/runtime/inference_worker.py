@@ -55,6 +55,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                                       spec.prompt_tokens)
     episodes = scorer if isinstance(scorer, EpisodeRunner) else None
     rewards = None if episodes is not None else scorer
+    if rewards is not None:
+        rewards.beat = ctx.beat             # workers=0: its waits keep the heartbeat
     nbytes = backend.weight_nbytes()
     req = Ring.attach(spec.names.req("inference", spec.index, spec.gen))
     out = Ring.attach(spec.names.out(spec.index, spec.gen))

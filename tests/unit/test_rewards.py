@@ -174,7 +174,7 @@ def test_a_reward_past_its_timeout(on_error):
     pool.close()
 
 
-def test_inline_pool_scores_in_submit_order_on_the_callers_thread():
+def test_inline_pool_scores_each_group_before_submit_returns_in_submit_order():
     threads = []
 
     def fn(c, r, i):
@@ -183,10 +183,11 @@ def test_inline_pool_scores_in_submit_order_on_the_callers_thread():
     pool = _pool(fn, workers=0)
     for row in (3, 1, 2):
         pool.submit(_group(pid=row), row=row, is_eval=False)
+        assert pool.busy()                  # scored, waiting for ready()
     out = pool.ready()                      # already scored: no wait
     pool.close()
     assert [g.rewards.tolist() for g in out] == [[3.0, 3.0], [1.0, 1.0], [2.0, 2.0]]
-    assert set(threads) == {threading.get_ident()} and not pool.busy()
+    assert len(set(threads)) == 1 and not pool.busy()     # one reward thread, in order
 
 
 def test_inline_pool_judges_a_slow_call_after_the_fact():
@@ -198,6 +199,35 @@ def test_inline_pool_judges_a_slow_call_after_the_fact():
     (g,) = pool.ready()
     pool.close()
     assert g.rewards.tolist() == [0.0] and g.scalars[REWARD_ERRORS] == 1
+
+
+@pytest.mark.parametrize("on_error", ["fail", "zero"])
+def test_inline_pool_abandons_a_call_past_its_timeout_and_keeps_beating(on_error):
+    """#38: with workers=0 a reward call that does not return held the worker's main thread (no
+    heartbeat; the worker was killed, exit 1 naming nothing). Now submit() returns while the call
+    still runs, naming the function and the row, and beats while it waits."""
+    release, returned, beats = threading.Event(), [], []
+
+    def fn(c, r, i):
+        if r["row"] == 9:
+            release.wait(20)
+            returned.append(r["row"])
+        return 1.0
+    pool = _pool(fn, on_error=on_error, timeout_s=0.3, workers=0)
+    pool.beat = lambda: beats.append(1)
+    if on_error == "fail":
+        with pytest.raises(BadEnvOutput, match=r"'my_fn' ran longer than task.reward_timeout_s=0.3 "
+                                               r"for row 9 \(prompt 4\)"):
+            pool.submit(_group(pid=4, n=2), row=9, is_eval=False)
+    else:
+        pool.submit(_group(pid=4, n=2), row=9, is_eval=False)
+        pool.submit(_group(pid=5, n=1), row=1, is_eval=False)    # a fresh thread serves it
+        a, b = pool.ready()
+        assert a.scalars[REWARD_ERRORS] == 2 and a.rewards.tolist() == [0.0, 0.0]
+        assert b.rewards.tolist() == [1.0] and b.scalars[REWARD_ERRORS] == 0
+    assert returned == [] and len(beats) >= 2      # the call still runs; the wait kept beating
+    release.set()
+    pool.close()
 
 
 def _threads_since(before):
