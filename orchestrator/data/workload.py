@@ -92,7 +92,8 @@ def load_prompts(cfg):
         from orchestrator.envs.registry import resolve_agent, resolve_env   # so a bad task.env
         from orchestrator.envs.render import TurnRenderer                   # is exit 2
         if cfg.task.agent is not None:     # an agent, and the reward it may leave to task.reward
-            resolve_agent(cfg.task.agent)
+            agent = resolve_agent(cfg.task.agent)
+            cfg.notes.extend(line for line in getattr(agent, "notes", ()) if line not in cfg.notes)
             if cfg.task.reward is not None:
                 resolve_reward(cfg.task, tokens)
         else:

@@ -8,7 +8,9 @@ Separate from `envs.base` so that the contract imports none of the environments 
 
 `resolve_agent(spec)` -> the function `task.agent` names (`path.py:run` / `module:run`), checked to
 be callable with `(row, base_url, api_key)`, and the HTTP stack the endpoint needs (aiohttp, the
-`agent` extra) to be installed: a DataError naming `task.agent` otherwise (exit 2).
+`agent` extra) to be installed: a DataError naming `task.agent` otherwise (exit 2). A function
+with a `notes` attribute (lines, e.g. `verifiers_agent`'s) has them printed as warnings at start
+(`data.workload.load_prompts`).
 """
 from __future__ import annotations
 

@@ -43,6 +43,10 @@ user's agent file is two lines:
   which downloads its dependencies): an in-process `Harness` whose `launch()` calls the model
   through the `endpoint` + `secret` it is given and returns a `ProgramResult` (verifiers
   documents this in `Harness.launch`).
+- Downloads: verifiers' built-in harnesses (`bash`, `null`, the coding agents) provision their
+  program when an episode starts (`Harness.setup`: uv and the program's dependencies, fetched from
+  the network). `verifiers_agent` says so for each such seat in `run.notes` (one line), which the
+  launcher prints as a warning before the run starts: offline, their episodes fail.
 - What breaks the append-only rule: verifiers retries (`retries.max_retries` > 0 on the env or a
   seat) replay an episode from its start, and a seat without a pinned client (a judge, a second
   agent) also calls this endpoint: those calls are rejected (400 `rejected`, not trained).
@@ -168,4 +172,21 @@ def verifiers_agent(env: Any, model: str = "policy") -> Callable:
         return await bridge.run(row, base_url, api_key)
 
     run.bridge = bridge
+    run.notes = _download_notes(env)
     return run
+
+
+def _download_notes(env) -> tuple[str, ...]:
+    """One line naming the seats whose harness is one of verifiers' own that provisions its program
+    when an episode starts (`setup()`: uv and the program's dependencies, or its installer, fetched
+    from the network), so that offline the run's first episodes fail."""
+    from verifiers.v1.harness import Harness
+    seats = [f"{name} ({h.config.id}: {type(h).__name__})"
+             for name, h in getattr(env, "_harnesses", {}).items()
+             if type(h).__module__.startswith("verifiers.") and type(h).setup is not Harness.setup]
+    if not seats:
+        return ()
+    return (f"verifiers_agent: agent seat {', '.join(seats)} runs a built-in verifiers harness that "
+            f"downloads its program when an episode starts (uv and its dependencies, from the "
+            f"network): offline every episode fails; an in-process Harness (its launch() calling "
+            f"the endpoint it is given) downloads nothing",)

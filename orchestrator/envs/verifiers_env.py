@@ -7,8 +7,10 @@ Supported: verifiers >=0.1.8,<0.1.11 (the `verifiers` extra; tested: 0.1.8.post2
 functions], dataset=, rubric=)`, `vf.Rubric` scoring the finished `State`. Not supported: 0.1.7 and
 older (another rollout signature), 0.1.11-0.3.x (the client became verifiers' own `vf.Client`
 wrapper; the stack lives on as `verifiers.legacy`), and the 0.4 line, which drops the in-process
-stack for a runtime that talks to an HTTP inference server. The installed version is checked when
-`task.env=verifiers` is resolved (preflight): a DataError naming the supported range otherwise.
+stack for a runtime that talks to an HTTP inference server (it runs as `task.agent` through
+`envs.verifiers_agent`). The installed version is checked when `task.env=verifiers` is resolved
+(preflight): a DataError naming the supported range otherwise, and for 0.4 and later the
+`task.agent` lines that run it.
 
 Configuration (`task.env_args`, scalars only):
 - `env`: what builds the verifiers environment: `file.py:load_environment` / `module:fn` (a function
@@ -89,6 +91,12 @@ except ImportError as exc:
     raise DataError(f"task.env='verifiers': importing verifiers failed ({type(exc).__name__}: "
                     f"{exc})".splitlines()[0]) from None
 _VERSION = _dist_version("verifiers")
+if _version_tuple(_VERSION) >= (0, 4):
+    raise DataError(f"task.env='verifiers': verifiers {_VERSION} is installed, whose environments run "
+                    f"through an agent endpoint: set task.agent=agent.py:run (not task.env), agent.py "
+                    f"holding 'from orchestrator.envs.verifiers_agent import verifiers_agent' and "
+                    f"'run = verifiers_agent(load_environment())'; task.env='verifiers' drives "
+                    f"verifiers{SUPPORTED_TEXT}")
 if not SUPPORTED[0] <= _version_tuple(_VERSION) < SUPPORTED[1]:
     raise DataError(f"task.env='verifiers': verifiers {_VERSION} is installed; this adapter drives the "
                     f"classic in-process API of verifiers{SUPPORTED_TEXT} ({HINT})")

@@ -228,3 +228,43 @@ def test_bad_rows_envs_and_failed_episodes_are_clear_errors(tmp_path, monkeypatc
         monkeypatch.setitem(sys.modules, mod, None)    # an import of verifiers now fails for real
     with pytest.raises(RuntimeError, match=r"needs verifiers >= 0.4 \(pip install"):
         verifiers_agent(object())
+
+
+def test_the_classic_adapter_on_04_points_to_task_agent_and_downloads_are_said_at_start(tmp_path):
+    """#38 item 8, through the launcher's own preflight and a launch: `task.env=verifiers` with
+    verifiers 0.4 installed is exit 2 naming the `task.agent` lines that run it; an agent whose seat
+    uses verifiers' built-in `bash` harness (it downloads uv and its program at an episode's start)
+    is one warning line before the run starts; the in-process harness of the first test is none."""
+    from orchestrator.config import load_config
+    from orchestrator.data.workload import load_prompts
+
+    (tmp_path / "vf04_one.py").write_text(BROKEN.format(taskset="OneTaskset"))
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        f.writelines(json.dumps({"idx": 0, "prompt": "0>"}) + "\n" for _ in range(4))
+    base = ["run.progress=false", "task.name=dataset", f"task.dataset={tmp_path / 'rows.jsonl'}",
+            "eval.every_steps=0"]
+    out = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config",
+                          "configs/multiturn.yaml", f"run.dir={tmp_path / 'run'}", *base,
+                          "task.env=verifiers", "task.env_args.env=vf04_one:OneTaskset"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    (line,) = out.stderr.strip().splitlines()
+    assert "verifiers 0.4" in line and "task.agent=" in line and "verifiers_agent" in line, line
+    assert not (tmp_path / "run").exists()
+
+    for harness, said in (("bash", True), (None, False)):
+        seat = {"runtime": {"type": "subprocess"}} | ({"harness": {"id": harness}} if harness else {})
+        agent = tmp_path / f"agent_{harness}.py"
+        agent.write_text(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+                         "import verifiers.v1 as vf\n"
+                         "from orchestrator.envs.verifiers_agent import verifiers_agent\n"
+                         "run = verifiers_agent(vf.SingleAgentEnv(vf.SingleAgentEnvConfig(\n"
+                         f"    taskset={{'id': 'vf04_one'}}, agent={seat!r})))\n")
+        cfg = load_config(ROOT / "configs/multiturn.yaml", [*base, f"task.agent={agent}:run"])
+        load_prompts(cfg)                              # what the launcher runs before any worker
+        lines = [n for n in cfg.notes if "verifiers_agent" in n]
+        if said:
+            (note,) = lines
+            assert "agent seat agent (bash: BashHarness)" in note and "offline" in note, note
+        else:
+            assert lines == [], lines
