@@ -208,8 +208,13 @@ class InferenceConfig(_Section):
                            "vllm: max_num_seqs; <= 65536: beyond any engine's batch)")
     on_worker_death: Literal["restart", "fail"] = Field(
         "restart", description="a dead inference worker: re-dispatch its prompts and restart it, or fail the run")
-    max_restarts: int = Field(3, ge=0, le=10_000, description="inference worker restarts allowed per "
-                              "run (<= 10,000: more is a crash loop, not resilience)")
+    max_restarts: int = Field(3, ge=0, le=10_000, description="inference worker restarts allowed "
+                              "within inference.restart_window_s (<= 10,000: more is a crash loop, "
+                              "not resilience)")
+    restart_window_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S, description="the window "
+                                    "inference.max_restarts counts restarts in: a restart older than "
+                                    "this no longer counts (a long run's rare deaths never add up to "
+                                    "a failure; a crash loop still fails fast)")
     heartbeat_timeout_s: float = Field(
         30.0, gt=0, le=MAX_TIMEOUT_S,
         description="a ready worker whose main loop makes no turn for this long (stopped, "
@@ -573,6 +578,12 @@ class TaskConfig(_Section):
     agent_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, description="one agent run's time "
                                    "limit (the whole episode); past it the episode ends with reward 0 "
                                    "(episodes_limited)")
+    env_hang_limit: int = Field(2, ge=0, le=10_000, description="hangs of one dataset row's "
+                                "environment (a blocking call abandoned past task.env_timeout_s, or "
+                                "a call that blocked the environment loop) after which the row is "
+                                "quarantined: its prompts skipped for the rest of the run, across "
+                                "resume (logged with its prompt index; the step line's "
+                                "rows_quarantined and quarantined_prompts). 0: never")
     env_on_hang: Literal["restart", "fail"] = Field("restart", description="an environment that hangs "
                                                     "its inference worker (more than "
                                                     "task.env_max_stuck_calls stuck calls, or an async "

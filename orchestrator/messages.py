@@ -77,6 +77,16 @@ class Aborted(Msg):
     result_sent: bool
 
 
+class EnvHung(Msg):
+    """An inference worker's environment hung on an episode of train row `row` (a blocking call
+    abandoned past task.env_timeout_s, or the call that blocked its environment loop); `why`: the
+    line naming the environment, the call and the row."""
+    index: int
+    row: int
+    prompt_id: int
+    why: str
+
+
 class StepDone(Msg):
     step: int                 # 1-based trainer step just completed
     version: int              # policy version now published (== weights in the weight buffer)
@@ -98,7 +108,7 @@ class Fatal(Msg):
 
 
 Message = Union[Generate, LoadWeights, Abort, Shutdown, SaveCheckpoint, LoadCheckpoint, ReleaseWeights, Ready,
-                WeightsLoaded, Aborted, StepDone, CheckpointSaved, Fatal]
+                WeightsLoaded, Aborted, EnvHung, StepDone, CheckpointSaved, Fatal]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

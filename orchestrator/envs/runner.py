@@ -151,7 +151,9 @@ class EpisodeRunner:
             cf.ProcessPoolExecutor(limits.workers, mp_context=mp.get_context("spawn"))
             if limits.processes else self.calls)
         self.render = EnvPool(1, "env-render")       # one thread: tokenizers are not thread-safe
-        self._live = weakref.WeakKeyDictionary()        # async call's task -> what it is, for hung()
+        self._live = weakref.WeakKeyDictionary()   # async call's task -> (what, its group), for hung()
+        self._hangs: "queue.SimpleQueue[tuple[int, int, str]]" = queue.SimpleQueue()
+        self._stall_reported = False
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="env", daemon=True)
         self.watch = LoopWatch(self.loop, self._thread, self.calls, limits.timeout_s, name, self._calling)
@@ -215,17 +217,36 @@ class EpisodeRunner:
 
     def hung(self, max_stuck: int) -> Optional[str]:
         """One line naming the environment if its loop stalled or more than `max_stuck` abandoned
-        blocking calls still run (`envs.watch`); None while healthy."""
-        return self.watch.hung(max_stuck)
+        blocking calls still run (`envs.watch`); None while healthy. A stall is also a hang of the
+        row whose call blocks the loop (`hang_reports`)."""
+        line = self.watch.hung(max_stuck)
+        if line is not None and self.watch.stalled() and not self._stall_reported:
+            self._stall_reported = True
+            task = asyncio.current_task(self.loop)
+            _, g = self._live.get(task, (None, None)) if task is not None else (None, None)
+            if g is not None:
+                self._hang(g, line)
+        return line
 
-    def watching(self, task: asyncio.Task, what: str) -> None:
-        """Name `task` (an async call running on the loop) in `hung()` should it block the loop."""
-        self._live[task] = what
+    def hang_reports(self) -> list[tuple[int, int, str]]:
+        """(train row, prompt id, the line naming the environment, the call and the row) of each
+        hang since the last call: a blocking call abandoned past task.env_timeout_s, or the call
+        blocking the loop (`hung`). The worker's main thread sends each as `messages.EnvHung`."""
+        return _drain(self._hangs)
+
+    def _hang(self, g: "_Group", why: str) -> None:
+        if not g.is_eval:
+            self._hangs.put((g.row, g.prompt_id, why))
+
+    def watching(self, task: asyncio.Task, what: str, g: Optional["_Group"] = None) -> None:
+        """Name `task` (an async call running on the loop, of group `g`'s episodes) in `hung()`
+        should it block the loop."""
+        self._live[task] = (what, g)
 
     def _calling(self) -> Optional[tuple[str, str]]:
         """The async environment call running on the loop now: (what, the file of its code)."""
         task = asyncio.current_task(self.loop)
-        what = self._live.get(task) if task is not None else None
+        what, _ = self._live.get(task, (None, None)) if task is not None else (None, None)
         return None if what is None else (what, task.get_coro().cr_code.co_filename)
 
     def ready(self) -> list[Sequences]:
@@ -298,14 +319,19 @@ class EpisodeRunner:
         """One environment call under the timeout; its time counts as environment time."""
         t0 = time.monotonic()
         try:
+            label = f"{what} of {self.where(g)}"
             if inspect.iscoroutinefunction(fn):
                 coro = asyncio.ensure_future(fn(*args))
-                self._live[coro] = f"{what} of {self.where(g)}"
+                self._live[coro] = (label, g)
                 result = await asyncio.wait_for(coro, self.limits.timeout_s)
             else:       # timed from its start by the pool's sweep (queue time excluded): a stuck
-                        # one fails with TimeoutError and its thread is replaced
-                result = await asyncio.wrap_future(
-                    self.calls.call(f"{what} of {self.where(g)}", fn, *args))
+                        # one fails with TimeoutError and its thread is replaced: a hang of the row
+                try:
+                    result = await asyncio.wrap_future(self.calls.call(label, fn, *args))
+                except TimeoutError:
+                    self._hang(g, f"{label} ran longer than task.env_timeout_s="
+                                  f"{self.limits.timeout_s:g} (abandoned, its thread still in it)")
+                    raise
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, self.limits.timeout_s)
             return result

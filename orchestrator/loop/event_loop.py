@@ -86,6 +86,8 @@ class EventLoop:
         self.bound = AgeBound(m, len(res.inference_req), start_step) if m is not None else None
         self.abort = False
         self.reused = 0
+        self.last_hang: dict[int, str] = {}       # worker -> its last EnvHung line (for its death)
+        self.batch_skips: dict[int, list] = {}    # step -> prompts quarantine skipped with it
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -119,6 +121,12 @@ class EventLoop:
         elif isinstance(msg, messages.Aborted):
             if self.bound is not None:
                 self.bound.abort_done(msg.request_id, msg.result_sent)
+        elif isinstance(msg, messages.EnvHung):
+            self.last_hang[msg.index] = msg.why
+            q = self.cursor.quarantine
+            if q is not None and q.hung(msg.row, msg.prompt_id, msg.why):
+                self.metrics.write("event", event="row_quarantined", row=msg.row,
+                                   prompt_id=msg.prompt_id, hangs=q.hangs[msg.row], why=msg.why)
         elif isinstance(msg, messages.StepDone):
             self._on_step_done(msg)
         elif isinstance(msg, messages.CheckpointSaved):
@@ -129,11 +137,17 @@ class EventLoop:
     # ------------------------------------------------------------------ worker lifecycle
     def worker_lost(self, i: int) -> None:
         """An inference worker died: its in-flight prompts go back to the front of the in-queue."""
+        q = self.cursor.quarantine
         for m in self.dispatcher.mark_dead(i):
             if self.bound is not None:
                 self.bound.forget(m.request_id)
             if not m.eval:
                 self.gate.on_aborted()
+                if q is not None and q.holds(m.row):    # not redone: skipped, as the cursor would
+                    index = self.request_index.pop(m.request_id, None)
+                    if index is not None:
+                        q.skip(index, m.prompt_id)
+                    continue
                 self.gate.on_enqueued()
                 self.redispatched.add(m.request_id)
             self.dispatcher.enqueue(m, front=True)
@@ -256,6 +270,9 @@ class EventLoop:
                 break
             step = self.built + 1
             batch, info = self.sink.take_batch(step, version=step - 1)
+            if self.cursor.quarantine is not None:     # prompts skipped meanwhile ride with it
+                self.batch_skips[step], fields = self.cursor.quarantine.take()
+                info.episode.update(fields)
             if self.bound is not None:
                 for g in info.parts:
                     self.bound.trained(g)
@@ -305,6 +322,8 @@ class EventLoop:
         info = self.steps.done(msg)
         for g in info.parts + info.filtered:       # consumed: no resume redoes them
             self.request_index.pop(g.ident, None)
+        if self.cursor.quarantine is not None:
+            self.cursor.quarantine.consumed(self.batch_skips.pop(msg.step, []))
         self.watcher.note_publish_time(msg.publish_time)
         self._flush_steps()
         if info.trainable == 0:
@@ -357,10 +376,13 @@ class EventLoop:
     def request_checkpoint(self, step: int) -> None:
         finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
         redo = sorted(set(self.request_index.values()))
+        q = self.cursor.quarantine            # its skips not yet in a trained step: redone too
         self.ckpts.request(step, {
             "gate": self.gate.state_dict(), "cursor": self.cursor.cursor,
-            "redo": redo + list(self.cursor.redo), "seed": self.cfg.run.seed,
-            "data": self.task.identity, "config": self.cfg.model_dump(mode="json")},
+            "redo": redo + list(self.cursor.redo) + (q.unconsumed() if q is not None else []),
+            "seed": self.cfg.run.seed, "data": self.task.identity,
+            "config": self.cfg.model_dump(mode="json"),
+            **({"quarantine": q.state_dict()} if q is not None else {})},
             [(self.request_index[g.ident], g) for g in finished])
 
     def reuse_rollouts(self, ckpt_dir: str, state: dict) -> None:

@@ -12,7 +12,8 @@ trained exactly once, group_size samples each. The prompt check assumes every ba
 groups (rollout.filter_zero_std=false): with the filter on, dropped groups count as never trained.
 With rollout.dynamic_sampling, the groups it filtered (each step line's `filtered_prompts`) count as
 consumed, the stream is 0..T*B+F-1 (F filtered groups), and the resume bound is on admissions less
-the filtered groups whose slots they took (`filtered`).
+the filtered groups whose slots they took (`filtered`). The prompts of quarantined rows
+(`task.env_hang_limit`; each step line's `quarantined_prompts`) count as consumed the same way.
 With `run.keep_batches`, batch files may be gone (pruned): they are counted (`batches_pruned`), the
 kept ones are checked, and "every prompt trained" cannot be (only "none twice"). Which ones may be
 gone is read from `checkpoints/retention.jsonl` (one line per checkpoint commit: its step c and the
@@ -122,6 +123,8 @@ def audit(run_dir, final: bool = True) -> dict:
     # dynamic sampling: groups filtered instead of trained consume their prompts too (listed by the
     # step line of the batch they rode with), so the stream is that much longer
     filtered = [int(p) for x in steps[:k] for p in x.get("filtered_prompts") or ()]
+    # so do the prompts of quarantined rows (task.env_hang_limit), skipped instead of generated
+    filtered += [int(p) for x in steps[:k] for p in x.get("quarantined_prompts") or ()]
     expected = Counter()
     for index in range(target * B + len(filtered)):
         expected[index % num_train] += g

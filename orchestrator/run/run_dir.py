@@ -384,7 +384,8 @@ def _plan(cfg: Config, run_dir: str, data: Optional[dict]) -> RunPlan:
         if start >= cfg.run.total_steps:     # nothing left to do: resuming a finished run is a no-op
             return RunPlan(run_dir, start, found.path, None, complete=True, warnings=warnings,
                            state=state)
-        cursor = {"cursor": int(state["cursor"]), "redo": [int(i) for i in state["redo"]]}
+        cursor = {"cursor": int(state["cursor"]), "redo": [int(i) for i in state["redo"]],
+                  "quarantine": state.get("quarantine")}
         warnings += repair_metrics(os.path.join(run_dir, "metrics.jsonl"), start)  # checks, then writes
         if rollback is not None:        # every check passed: now the roll-back may delete
             _delete_later(run_dir, rollback)

@@ -12,7 +12,10 @@ that hangs (`EpisodeRunner.hung`: its loop stalled, or more than `task.env_max_s
 calls), checked every turn: with `task.env_on_hang=fail` an `EnvHung` Fatal fails the run naming it
 (exit 1); with `restart` the worker logs it, closes and exits with ENV_HUNG_EXIT and no Fatal, so
 the supervisor handles it as a dead worker (prompts re-dispatched, restart per
-`inference.on_worker_death`).
+`inference.on_worker_death`). Each hang of a train row (`EpisodeRunner.hang_reports`: a blocking
+call abandoned past `task.env_timeout_s`, the call blocking the loop) is sent first as
+`messages.EnvHung`, so the supervisor names the environment and the row and counts the row's hangs
+toward its quarantine (`loop.quarantine`).
 Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
 supervisor's weight watcher can bump the shared policy version.
 """
@@ -157,7 +160,10 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             if episodes is not None:
                 for seqs in episodes.ready():
                     emit(seqs)
-                if (why := episodes.hung(cfg.task.env_max_stuck_calls)) is not None:
+                why = episodes.hung(cfg.task.env_max_stuck_calls)
+                for row, pid, line in episodes.hang_reports():   # the supervisor counts them per row
+                    ctx.send(messages.EnvHung(index=spec.index, row=row, prompt_id=pid, why=line))
+                if why is not None:
                     if cfg.task.env_on_hang == "fail":
                         raise EnvHung(why)
                     raise _Restart(why)

@@ -47,6 +47,7 @@ import secrets
 import signal
 import threading
 import time
+from collections import deque
 from typing import Optional
 
 from orchestrator import messages
@@ -63,6 +64,7 @@ from orchestrator.loop.event_loop import EventLoop
 from orchestrator.observe.metrics import MetricsLog, MetricsThread
 from orchestrator.data.workload import build_task
 from orchestrator.loop.prompts import PromptCursor
+from orchestrator.loop.quarantine import quarantine_for
 from orchestrator.observe.sinks import MetricSinks
 from orchestrator.runtime.worker_base import WorkerSpec
 
@@ -87,6 +89,7 @@ class Supervisor:
         self.procs: dict[tuple[str, int], mp.Process] = {}
         self.gens: dict[int, int] = {}
         self.restarts = 0
+        self.restart_times: deque = deque()      # when each restart within the window happened
         self.loop: Optional[EventLoop] = None
         self._stop = self.signals.event
         self._hung: dict[tuple[str, int], liveness.Overdue] = {}   # killed for silence: key -> why
@@ -163,16 +166,23 @@ class Supervisor:
                                 f"{p.exitcode}{extra}; {where}")
             if getattr(p, "error", ""):       # a Ray-hosted worker: e.g. its node was lost
                 where = f"{p.error}; {where}"
+            why = self.loop.last_hang.pop(i, None) if self.loop is not None else None
             if p.exitcode == ENV_HUNG_EXIT:
-                where = f"its environment hung (task.env_on_hang=restart): {where}"
-            if self.cfg.inference.on_worker_death == "fail" or self.restarts >= self.cfg.inference.max_restarts:
+                where = f"its environment hung (task.env_on_hang=restart): {why or '?'}; {where}"
+            inf, now = self.cfg.inference, time.monotonic()
+            while self.restart_times and now - self.restart_times[0] > inf.restart_window_s:
+                self.restart_times.popleft()        # the budget counts per window, not per run
+            if inf.on_worker_death == "fail" or len(self.restart_times) >= inf.max_restarts:
                 raise RunFailed(f"inference worker {i} (pid {p.pid}) died with exit code {p.exitcode} "
-                                f"(restarts used {self.restarts}/{self.cfg.inference.max_restarts}, "
-                                f"inference.on_worker_death={self.cfg.inference.on_worker_death}); {where}")
+                                f"(restarts used {len(self.restart_times)}/{inf.max_restarts} in "
+                                f"inference.restart_window_s={inf.restart_window_s:g}, "
+                                f"inference.on_worker_death={inf.on_worker_death}); {where}")
             del self.procs[(role, i)]
             self.restarts += 1
+            self.restart_times.append(now)
             log.warning("inference worker %d %s; restarting", i,
-                        hung.describe() if hung is not None else f"died (exit {p.exitcode})")
+                        hung.describe() if hung is not None else
+                        f"died (exit {p.exitcode})" + (f": its environment hung: {why}" if why else ""))
             self.loop.metrics.write("event", event="worker_restart", worker=i, exitcode=p.exitcode,
                                     restarts=self.restarts,
                                     hung_s=hung.silent_s if hung is not None else None,
@@ -310,7 +320,9 @@ class Supervisor:
             for i in range(cfg.inference.num_workers):
                 self._start(self._spec(res, "inference", i))
             self._wait_ready(res)
-            cursor = PromptCursor(task, **(self.cursor_state or {}))
+            state = dict(self.cursor_state or {})
+            held = quarantine_for(cfg, task, state.pop("quarantine", None))   # kept across resume
+            cursor = PromptCursor(task, **state, quarantine=held)
             self.loop = EventLoop(cfg, self.run_dir, res, task, metrics, start_step=self.start_step,
                                   cursor=cursor, resumed=self.start_step > 0)
             self.loop.stop_requested = self._stop.is_set()

@@ -86,7 +86,10 @@ def run(run_dir, *overrides, config="configs/sim.yaml", timeout=120, env=None):
 def events(run_dir, name=None):
     out = []
     for line in open(os.path.join(run_dir, "metrics.jsonl")):
-        rec = json.loads(line)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:        # a killed run's last line may be cut
+            continue
         if rec["kind"] == "event" and (name is None or rec["event"] == name):
             out.append(rec)
     return out

@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("datasets")
 
 HANG_ENV = '''
+import asyncio
 import os
 import threading
 import time
@@ -54,6 +55,21 @@ class SyncHang:
         return 1.0
 
 
+class RowHang(SyncHang):
+    """Every step() of row 3's episodes blocks the environment loop; the other rows are healthy
+    (their step awaits 0.2 s: a run that a test can catch between two checkpoints)."""
+
+    def reset(self, row):
+        self.prompt = row["prompt"]
+        return [{"role": "user", "content": row["prompt"]}]
+
+    async def step(self, turn):
+        if self.prompt == "03>":
+            time.sleep(3600)                    # row 3 blocks the loop
+        await asyncio.sleep(0.2)
+        return StepResult(done=True)
+
+
 class AsyncHang(SyncHang):
     """The same with an async step() that blocks its thread instead of awaiting."""
 
@@ -66,15 +82,16 @@ TOTAL = 2
 BLOCKS_AT = HANG_ENV.splitlines().index("            time.sleep(3600)") + 1
 
 
-def _launch(tmp_path, cls, *overrides, timeout=240):
-    """Run to the end, collecting every process the launch starts; (returncode, stderr, procs)."""
+def _launch(tmp_path, cls, *overrides, timeout=240, rows=40, total=TOTAL, until=None):
+    """Run to the end (or until `until(run_dir)` is true: then SIGKILL to the supervisor),
+    collecting every process the launch starts; (the process, its stderr, those processes)."""
     (tmp_path / "hang_env.py").write_text(HANG_ENV)
     with open(tmp_path / "train.jsonl", "w") as f:
-        f.writelines(json.dumps({"id": i, "prompt": f"{i:02d}>"}) + "\n" for i in range(40))
+        f.writelines(json.dumps({"id": i, "prompt": f"{i:02d}>"}) + "\n" for i in range(rows))
     err = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.launch", f"run.dir={tmp_path / 'run'}", "run.progress=false",
-         f"run.total_steps={TOTAL}", "run.checkpoint_every=0", "eval.every_steps=0",
+         f"run.total_steps={total}", "run.checkpoint_every=0", "eval.every_steps=0",
          "rollout.group_size=4", "rollout.consumer_batch_size=4", "rollout.max_concurrent_rollouts=8",
          "rollout.max_new_tokens=3", "task.name=dataset", f"task.dataset={tmp_path / 'train.jsonl'}",
          f"task.env={tmp_path / 'hang_env.py'}:{cls}", f"task.env_args={{marker: {tmp_path / 'hung'}}}",
@@ -88,7 +105,11 @@ def _launch(tmp_path, cls, *overrides, timeout=240):
                     seen.setdefault(p.pid, p)
             except psutil.NoSuchProcess:
                 pass
-            time.sleep(0.2)
+            if until is not None and until(tmp_path / "run"):
+                proc.kill()
+                proc.wait(30)
+                break
+            time.sleep(0.05 if until is not None else 0.2)
         assert proc.poll() is not None, f"the launch did not end within {timeout}s"
     finally:
         if proc.poll() is None:         # a failed test still frees what the launch holds
@@ -159,3 +180,58 @@ def test_a_hung_environment_fails_the_run_naming_it(tmp_path, cls, needle):
     if cls == "AsyncHang":
         assert f"hang_env.py:{BLOCKS_AT} (step)" in line, line         # the line that blocks
     _nothing_left(proc, procs)
+
+
+def _quarantined_run_ok(run_dir, total):
+    """Every step trained, row 3 never, each skipped prompt of it in a step line; audit passes."""
+    from orchestrator.config import load_config
+    from orchestrator.data.workload import load_prompts
+    from orchestrator.run.durable import read_record
+    from shm.codec import decode
+    lines = steps(run_dir)
+    assert [x["step"] for x in lines] == list(range(1, total + 1))
+    assert lines[-1]["rows_quarantined"] == 1
+    skipped = [p for x in lines for p in x["quarantined_prompts"]]
+    task = load_prompts(load_config(run_dir / "config.yaml"))
+    assert skipped and all(task.row_at(p) == 3 for p in skipped), skipped   # prompt id = index here
+    for step in range(1, total + 1):
+        b = decode(read_record(str(run_dir / "batches" / f"step_{step:08d}.rec")))
+        assert b.rewards.tolist() == [1.0] * b.n         # healthy episodes only
+    audit = subprocess.run([sys.executable, "-m", "orchestrator.audit", str(run_dir)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0, audit.stdout[-2000:]
+
+
+def test_a_row_whose_environment_always_hangs_is_quarantined_and_stays_so_across_resume(tmp_path):
+    """#38 item 5: row 3's episodes hang on every call. Before, each epoch restarted the worker
+    until the restart budget was spent (exit 1 naming neither the environment nor the row). Now
+    its second hang (task.env_hang_limit=2) quarantines it: logged with its prompt, skipped on later
+    epochs (counted in the step lines, audit passes), kept across a kill -9 and resume."""
+    total = 12                                      # 48 prompts over 8 rows: 6 epochs
+    args = ["task.env_hang_limit=2", "run.checkpoint_every=1", "rollout.max_concurrent_rollouts=4"]
+
+    def quarantined_and_saved(run_dir):            # a committed checkpoint has the row out
+        out = [x["step"] for x in steps(run_dir) if x.get("rows_quarantined")]
+        try:
+            latest = int((run_dir / "checkpoints" / "latest").read_text().strip()[len("step_"):])
+        except (OSError, ValueError):
+            return False
+        return bool(out) and out[0] <= latest < total - 1
+    proc, err, procs = _launch(tmp_path, "RowHang", *args, rows=8, total=total,
+                               until=quarantined_and_saved)
+    assert proc.returncode == -9, err[-3000:]
+    (q,) = events(tmp_path / "run", "row_quarantined")
+    assert q["row"] == 3 and q["hangs"] == 2 and "hang_env.py:RowHang" in q["why"], q
+    restarts = events(tmp_path / "run", "worker_restart")
+    assert [r["exitcode"] for r in restarts] == [75, 75]
+    log = (tmp_path / "run" / "logs" / "supervisor.log").read_text()
+    assert "hang_env.py:RowHang' for row 3 (prompt" in log and "(hang 2 of row 3;" in log
+    assert "row 3 (prompt" in log and "quarantined: its environment" in log
+
+    proc, err, procs2 = _launch(tmp_path, "RowHang", *args, rows=8, total=total)   # resume=auto
+    assert proc.returncode == 0, err[-3000:]
+    summary = [x for x in (tmp_path / "run" / "logs" / "supervisor.log").read_text().splitlines()
+               if "run summary" in x]
+    assert "resumes 1" in summary[-1] and "worker restarts 0;" in summary[-1], summary
+    _quarantined_run_ok(tmp_path / "run", total)
+    _nothing_left(proc, procs + procs2)

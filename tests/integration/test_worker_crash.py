@@ -103,3 +103,40 @@ def test_worker_death_in_the_first_step_after_resume_keeps_the_run(tmp_path):
     resumed = [r for r in s if r["resumed"]]
     assert len(resumed) == 1 and resumed[0]["step"] == 6 and resumed[0]["admitted"] <= 3 * 8
     assert [r["step"] for r in s] == list(range(1, 13))
+
+
+def _restarted(run_dir, old_pid, timeout=60.0):
+    """The new pid of inference0 once it replaced `old_pid` (pids.json rewritten by the restart)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = worker_pids(run_dir).get("inference0")
+        if pid not in (None, old_pid):
+            return pid
+        time.sleep(0.02)
+    raise AssertionError("inference0 was not restarted")
+
+
+def test_the_restart_budget_counts_per_window_not_per_run(tmp_path):
+    """#38 item 5: inference.max_restarts counts restarts within inference.restart_window_s. Two
+    deaths further apart than the window are both restarted (the budget used to count per run: the
+    second death failed the run); a third within the window of the second fails it, naming it."""
+    window = 5.0
+    proc = start(tmp_path, "run.total_steps=4000", "inference.max_restarts=1",
+                 f"inference.restart_window_s={window:g}", *SLOW)
+    wait_for_step(proc, tmp_path, 3)
+    pid = worker_pids(tmp_path)["inference0"]
+    os.kill(pid, signal.SIGKILL)
+    pid = _restarted(tmp_path, pid)
+    first = time.monotonic()
+    while time.monotonic() - first < window + 1:    # the first restart leaves the window
+        assert proc.poll() is None
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    pid = _restarted(tmp_path, pid)                 # restarted: one restart in the window
+    os.kill(pid, signal.SIGKILL)                    # and at once another: over the budget
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert f"restarts used 1/1 in inference.restart_window_s={window:g}" in err, err
+    events = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if '"event"' in line]
+    assert [e["event"] for e in events].count("worker_restart") == 2
+    assert run_segments(proc) == []
