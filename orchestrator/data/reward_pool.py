@@ -123,7 +123,8 @@ class RewardPool:
             with self._cv:
                 call.finished = time.monotonic()
                 call.done = True
-                self._cv.notify_all()
+                if all(c.done for c in group.calls):    # a group is collected whole: one wake-up
+                    self._cv.notify_all()
                 if call.abandoned:             # a fresh thread has taken this one's place
                     return False
         return True
@@ -135,7 +136,7 @@ class RewardPool:
         self._jobs.put(g)
         while not self.workers and g in self._pending:      # inline: scored before returning
             with self._cv:
-                if not any(c.done and c.scored is None for c in g.calls):
+                if not all(c.done for c in g.calls):
                     self._cv.wait(INLINE_SLICE_S)
             self.beat()
             self._scored += self._collect()
@@ -194,7 +195,7 @@ class RewardPool:
         self._scored = []
         while self._pending and (left := end - time.monotonic()) > 0 and not (until and until()):
             with self._cv:
-                if not any(c.done for g in self._pending for c in g.calls if c.scored is None):
+                if not any(all(c.done for c in g.calls) for g in self._pending):
                     self._cv.wait(min(left, WAIT_SLICE_S))
             out += self._collect()
         return out

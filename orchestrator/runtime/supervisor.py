@@ -167,6 +167,7 @@ class Supervisor:
             if getattr(p, "error", ""):       # a Ray-hosted worker: e.g. its node was lost
                 where = f"{p.error}; {where}"
             why = self.loop.last_hang.pop(i, None) if self.loop is not None else None
+            why = why if p.exitcode == ENV_HUNG_EXIT else None     # an earlier hang is not this death
             if p.exitcode == ENV_HUNG_EXIT:
                 where = f"its environment hung (task.env_on_hang=restart): {why or '?'}; {where}"
             inf, now = self.cfg.inference, time.monotonic()
