@@ -19,6 +19,11 @@ figure is Ray's overhead, not a network's). Two tables, medians and the min-max 
   the slot into the other node's slot), the exchange is awaited (the host has published it then).
   Baseline: a memcpy of the same bytes between two numpy arrays. Figures: ms per version, MB/s,
   ratio; two untimed versions first (every buffer's pages touched on both sides).
+- steps (`--steps N`, 0: skipped): the default job (configs/default.yaml) launched for N steps in
+  local mode and with `placement.mode=ray` on this cluster, its inference worker on node_b (records
+  over Ray, weights over the gloo pair). Figures: steps/s from step 10 to step N (start-up
+  excluded), read from each run's step lines, ray / local, and the seconds from launch to the first
+  step line (start-up: a short run's average steps/s is mostly this), each round running both.
 """
 from __future__ import annotations
 
@@ -78,6 +83,44 @@ def shm_round(n: int, nbytes: int) -> float:
         ring.unlink()
 
 
+def job_steps_per_s(run_dir: str, steps: int, extra: list[str]) -> tuple[float, float]:
+    """(steps/s of the default job from step 10 to its last, by its step lines' time; seconds from
+    the launch to its first step line)."""
+    import json
+    import subprocess
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}",
+                           f"run.total_steps={steps}", "run.progress=false", "run.checkpoint_every=0",
+                           "eval.every_steps=0", *extra], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the default job ({' '.join(extra) or 'local'}) failed: "
+                           f"{proc.stderr.strip().splitlines()[-1:]}")
+    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+    t = {r["step"]: r["time"] for r in lines if r.get("kind") == "step"}
+    return (steps - 10) / (t[steps] - t[10]), t[1] - start
+
+
+def steps_table(address: str, steps: int, rounds: int) -> None:
+    import tempfile
+    ray_mode = ["placement.mode=ray", f"placement.ray_address={address}",
+                "placement.inference_resources={node_b: 1}"]
+    local, remote = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-placement-") as tmp:
+        for r in range(rounds):
+            local.append(job_steps_per_s(f"{tmp}/local{r}", steps, []))
+            remote.append(job_steps_per_s(f"{tmp}/ray{r}", steps, ray_mode))
+    rate = lambda runs: [r[0] for r in runs]    # noqa: E731
+    first = lambda runs: [r[1] for r in runs]   # noqa: E731
+    print(f"\nsteps: the default job, steps 10-{steps}, inference on node_b (ray) vs local mode; "
+          f"seconds from launch to the first step line")
+    print("| local steps/s | ray steps/s | ray / local | local first step s | ray first step s |")
+    print("| --- | --- | --- | --- | --- |")
+    print(f"| {_spread(rate(local))} | {_spread(rate(remote))} | "
+          f"{_spread([a / b for a, b in zip(rate(remote), rate(local))])} | {_spread(first(local))} | "
+          f"{_spread(first(remote))} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record-kb", default="64,1024")
@@ -86,6 +129,7 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--address", default=None)
+    ap.add_argument("--steps", type=int, default=0, help="steps of the default job per mode (>= 20)")
     args = ap.parse_args()
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -194,6 +238,8 @@ def main() -> int:
             wbuf.close()
             wbuf.unlink()
         ray.get(host.close.remote(), timeout=60)
+        if args.steps:
+            steps_table(args.address, max(args.steps, 20), args.rounds)
     finally:
         ray.shutdown()
         if cluster is not None:
