@@ -61,10 +61,11 @@ def preload_for(cfg: Config) -> tuple[str, ...]:
 
 
 class Spawner:
-    """Owner of a run's fork server (one per run; the supervisor's main thread calls every method)."""
+    """Owner of a run's fork server (one per run; the supervisor's main thread calls every method).
+    `Spawner(preload=modules)`: one that imports `modules` (a Ray host's, `ray_host`)."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.preload = list(preload_for(cfg))
+    def __init__(self, cfg: Config | None = None, preload: tuple[str, ...] = ()) -> None:
+        self.preload = list(preload_for(cfg) if cfg is not None else preload)
         self.ctx = mp.get_context("forkserver")
         self.ready = ""
 

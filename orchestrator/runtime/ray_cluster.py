@@ -176,7 +176,7 @@ class RayCluster:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self.pg, placement_group_bundle_index=i),
                     num_cpus=bundle.pop("CPU"), num_gpus=bundle.pop("GPU", 0),
-                    resources=bundle).remote(bridged)
+                    resources=bundle).remote(bridged, self._preload())
                 self.hosts[i] = (actor, bridged, node)
                 log.info("inference worker %d: bundle %d on node %s: %s", i, i, node[:12],
                          "records over Ray (another node)" if bridged else
@@ -201,6 +201,13 @@ class RayCluster:
         worker = HostedWorker(self, actor, bridged, spec, pid, node, pair)
         self.workers.append(worker)
         return worker
+
+    def _preload(self) -> tuple:
+        """What a host's fork server imports: the driver's list (no torch for GPU workers)."""
+        from orchestrator.runtime import forkserver
+        if self.cfg.placement.inference_gpus:
+            return forkserver.WORKERS
+        return forkserver.preload_for(self.cfg)
 
     def _pair(self, actor, i: int, gen: int, node: str):
         """A new gloo pair with the host of worker i (the driver's end: rank 0, the sender)."""

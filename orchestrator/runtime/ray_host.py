@@ -6,8 +6,17 @@ Ray decides where an inference worker runs (a bundle of the run's placement grou
 starts it on its node and, for a worker on another node than the supervisor's, carries its traffic
 (this module imports no Ray; `ray_cluster` makes the class an actor):
 
-- `start(spec, sizes, weight_nbytes) -> pid`: starts the worker (spawned, its parent this actor's
-  process: it dies with the actor, `worker_base.die_with_parent`). Bridged (`WorkerHost(True)`, a
+- `WorkerHost(bridged, preload)`: with `preload` (the modules the driver's fork server imports,
+  `forkserver.preload_for`) the actor starts a fork server of its own at once (`forkserver.Spawner`,
+  its ready file in a scratch directory of this process), which imports them while the driver
+  goes on; a bridged host imports torch for its gloo pair meanwhile. Without (`preload=None`, the
+  benchmark's host) nothing is started before `start`.
+- `start(spec, sizes, weight_nbytes) -> pid`: starts the worker, forked by this actor's fork server
+  (started here if `__init__` did not; ready within `SERVER_S`), as a local worker is by the
+  run's: its modules imported once per host, not by every start (a spawned worker imported Ray's
+  own worker module, torch and transformers: ~6 s of a first step on 2 cores). Its parent is that
+  server, which ends when this actor's process does (its pipe), so the worker dies with the actor
+  (`worker_base.die_with_parent`). Bridged (`WorkerHost(True)`, a
   worker on another node): first sweeps this node's segments and scratch directories of dead runs,
   then makes the worker's objects here under a namespace of its own (`RunNames` with this process's
   run id: its version word and bell, weight buffer, request/rollout/control rings and progress/liveness words) and a
@@ -30,14 +39,13 @@ starts it on its node and, for a worker on another node than the supervisor's, c
   (None while never stamped), and its exit code (None while it runs). With nothing to return it
   waits up to `wait_s` on the worker's bell.
 - `status()` (not bridged): the exit code. `kill_worker()`: SIGKILL to the worker. `close()`:
-  kills the worker, closes its pair, frees everything `start` made and removes the scratch
-  directory; bounded.
+  kills the worker, closes its pair, frees everything `start` made, kills and reaps the fork server
+  and removes the scratch directories; bounded.
 Not built: NCCL between GPUs for GPU inference workers on other nodes (ray mode has none yet).
 """
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import os
 import secrets
 import signal
@@ -52,6 +60,7 @@ from orchestrator.runtime.worker_base import WorkerSpec
 
 PULL_BYTES = 64 << 20          # records returned by one exchange (at least one record)
 JOIN_S = 2.0                   # a killed worker is reaped within this
+SERVER_S = 120.0               # the host's fork server imports the workers' modules within this
 
 
 class ChannelError(RuntimeError):
@@ -81,9 +90,15 @@ class Frames:
 
 
 class WorkerHost:
-    def __init__(self, bridged: bool) -> None:
+    def __init__(self, bridged: bool, preload: Optional[tuple] = None) -> None:
         self.bridged = bridged
-        self.proc: Optional[mp.process.BaseProcess] = None
+        self.spawner = None                       # this actor's fork server (`_server`)
+        self.server_dir = ""
+        if preload is not None:
+            self._server(tuple(preload))
+            if bridged:                           # the pair's torch, while the server imports
+                from orchestrator.runtime import ray_weights  # noqa: F401
+        self.proc = None                          # the worker (a forkserver Process)
         self.res: Optional[Resources] = None     # bridged: the worker's objects on this node
         self.scratch = ""
         self.pending: deque = deque()
@@ -109,12 +124,20 @@ class WorkerHost:
                                    devices=tuple(str(int(g)) for g in _gpu_ids()))
         return self._own_objects(spec, sizes, weight_nbytes) if self.bridged else spec
 
+    def _server(self, preload: tuple) -> int:
+        from orchestrator.runtime.forkserver import Spawner
+        if self.spawner is None:
+            self.spawner = Spawner(preload=preload)
+            self.server_dir = scratch.create(f"{os.getpid()}-host{secrets.token_hex(3)}")
+        return self.spawner.start_server(self.server_dir)
+
     def start(self, spec: WorkerSpec, sizes: RingSizes, weight_nbytes: int) -> int:
-        from orchestrator.runtime import inference_worker
-        spec = self.prepare(spec, sizes, weight_nbytes)
-        self.proc = mp.get_context("spawn").Process(
-            target=inference_worker.main, args=(spec,), daemon=False,
-            name=f"arl-inference{spec.index}g{spec.gen}")
+        from orchestrator.runtime import forkserver, inference_worker
+        server = self._server(forkserver.WORKERS)
+        spec = dataclasses.replace(self.prepare(spec, sizes, weight_nbytes), parent_pid=server)
+        self.spawner.wait_ready(SERVER_S, lambda: None)
+        self.proc = self.spawner.process(inference_worker.main, (spec,),
+                                         f"arl-inference{spec.index}g{spec.gen}")
         self.proc.start()
         return self.proc.pid
 
@@ -205,6 +228,12 @@ class WorkerHost:
         self._stop_worker()
         self._unpair()
         self._free()
+        if self.spawner is not None:
+            self.spawner.close()
+            self.spawner = None
+        if self.server_dir:
+            scratch.remove(self.server_dir)
+            self.server_dir = ""
 
 
 def _drain(ring, frames: Frames) -> list:

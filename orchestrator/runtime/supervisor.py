@@ -309,6 +309,9 @@ class Supervisor:
                 self.cluster.res = res
             self._check_stop("startup")
             self.rendezvous_port = rank_failures.free_port()
+            hosted = self.cluster is not None     # Ray hosts start while the fork server imports
+            for i in range(cfg.inference.num_workers if hosted else 0):
+                self._start(self._spec(res, "inference", i))
             try:
                 waited = self.spawner.wait_ready(cfg.run.startup_timeout_s,
                                                  lambda: self._check_stop("startup"))
@@ -318,7 +321,7 @@ class Supervisor:
             log.info("fork server ready (%.1f s after the resources)", waited)
             for r in range(cfg.actor.world_size):
                 self._start(self._spec(res, "trainer", r))
-            for i in range(cfg.inference.num_workers):
+            for i in range(0 if hosted else cfg.inference.num_workers):
                 self._start(self._spec(res, "inference", i))
             self._wait_ready(res)
             state = dict(self.cursor_state or {})
