@@ -3,8 +3,8 @@
 `PromptCursor(task, cursor, redo, quarantine=None)`: `next() -> (stream index, prompt_id, tokens,
 row)`; `cursor` is the next new prompt index; prompts to redo (after a resume, or re-admitted by the
 hard bound) are served first. A prompt whose row `quarantine` holds (`loop.quarantine`) is not
-served: it is handed to `quarantine.skip` and the next one is taken. The prompt source `task` is built by the workload builder (`data.workload.build_task`,
-once at launch, before anything starts).
+served: it is handed to `quarantine.skip` and the next one is taken. The prompt source `task` is
+built by the workload builder (`data.workload.build_task`, once at launch, before anything starts).
 """
 from __future__ import annotations
 

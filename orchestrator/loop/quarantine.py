@@ -64,7 +64,8 @@ class Quarantine:
                     self.env_name, n, limit)
         if self.rows_in_data and len(self.rows) >= self.rows_in_data:
             raise RunFailed(f"every row of the data ({self.rows_in_data}) is quarantined: environment "
-                            f"{self.env_name!r} hung {limit} times on each; the last: {why}")
+                            f"{self.env_name!r} hung {self.limit} times on each ({limit}); the "
+                            f"last: {why}")
         return True
 
     def holds(self, row: int) -> bool:
