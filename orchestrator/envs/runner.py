@@ -153,7 +153,6 @@ class EpisodeRunner:
         self.render = EnvPool(1, "env-render")       # one thread: tokenizers are not thread-safe
         self._live = weakref.WeakKeyDictionary()   # async call's task -> (what, its group), for hung()
         self._hangs: "queue.SimpleQueue[tuple[int, int, str]]" = queue.SimpleQueue()
-        self._stall_reported = False
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="env", daemon=True)
         self.watch = LoopWatch(self.loop, self._thread, self.calls, limits.timeout_s, name, self._calling)
@@ -220,10 +219,8 @@ class EpisodeRunner:
         blocking calls still run (`envs.watch`); None while healthy. A stall is also a hang of the
         row whose call blocks the loop (`hang_reports`)."""
         line = self.watch.hung(max_stuck)
-        if line is not None and self.watch.stalled() and not self._stall_reported:
-            self._stall_reported = True
-            task = asyncio.current_task(self.loop)
-            _, g = self._live.get(task, (None, None)) if task is not None else (None, None)
+        if line is not None and self.watch.stalled():     # the worker acts on the first line
+            _, _, g = self._current()
             if g is not None:
                 self._hang(g, line)
         return line
@@ -245,9 +242,14 @@ class EpisodeRunner:
 
     def _calling(self) -> Optional[tuple[str, str]]:
         """The async environment call running on the loop now: (what, the file of its code)."""
-        task = asyncio.current_task(self.loop)
-        what, _ = self._live.get(task, (None, None)) if task is not None else (None, None)
+        task, what, _ = self._current()
         return None if what is None else (what, task.get_coro().cr_code.co_filename)
+
+    def _current(self) -> tuple[Optional[asyncio.Task], Optional[str], Optional["_Group"]]:
+        """The task running on the loop now, and what `watching` named it: (task, what, group)."""
+        task = asyncio.current_task(self.loop)
+        what, g = self._live.get(task, (None, None)) if task is not None else (None, None)
+        return task, what, g
 
     def ready(self) -> list[Sequences]:
         """Finished groups; raises BadEnvOutput for a failed one (task.env_on_error=fail)."""

@@ -47,7 +47,7 @@ class Quarantine:
         self.hangs: dict[int, int] = {int(r): int(n) for r, n in (state.get("hangs") or {}).items()}
         self.rows: set[int] = {int(r) for r in state.get("rows") or ()}
         self._new: list[tuple[int, int]] = []          # (index, prompt_id) skipped since take()
-        self._open: dict[int, int] = {}                # index -> prompt_id, skipped, not yet trained
+        self._open: set[int] = set()                   # indices skipped, not yet trained
 
     def hung(self, row: int, prompt_id: int, why: str) -> bool:
         if row < 0:
@@ -73,7 +73,7 @@ class Quarantine:
 
     def skip(self, index: int, prompt_id: int) -> None:
         self._new.append((index, prompt_id))
-        self._open[index] = prompt_id
+        self._open.add(index)
 
     def take(self) -> tuple[list[tuple[int, int]], dict]:
         """(the skips for this batch, its step-line fields)."""
@@ -82,7 +82,7 @@ class Quarantine:
 
     def consumed(self, skips: list[tuple[int, int]]) -> None:
         for index, _ in skips:
-            self._open.pop(index, None)
+            self._open.discard(index)
 
     def unconsumed(self) -> list[int]:
         return sorted(self._open)
