@@ -32,6 +32,8 @@ from shm.ring import Ring  # noqa: E402
 from shm.segments import segment_name  # noqa: E402
 from shm.weights import WeightBuffer  # noqa: E402
 
+FLAG_LIMIT_S = 10.0        # the flag ping-pong: a peer silent this long has stalled
+
 now = time.perf_counter                       # CLOCK_MONOTONIC: comparable across processes
 
 
@@ -61,11 +63,7 @@ def child(names: dict, conn, queue) -> None:
                 put(get(10), 10)
         elif cmd == "flag":
             for i in range(1, arg + 1):
-                spins = 0
-                while ping.get() != i:
-                    spins += 1
-                    if spins > 50_000_000:
-                        raise TimeoutError("flag ping-pong stalled")
+                spin_until(ping, i, "the parent's ping")
                 pong.set(i)
         elif cmd == "weights":
             wbuf.read_into(out, timeout=30, min_version=arg)
@@ -125,6 +123,19 @@ def rtt_ring(conn, down: Ring, up: Ring, n: int) -> float:
     return statistics.median(lat)
 
 
+def spin_until(flag: SharedCounter, value: int, what: str, limit_s: float = FLAG_LIMIT_S) -> None:
+    """Busy-wait until `flag` reads `value`, for at most `limit_s` (a descheduled peer on a loaded
+    machine is slow, a dead one would otherwise spin this side forever)."""
+    spins, deadline = 0, None
+    while flag.get() != value:
+        spins += 1
+        if spins % 4096 == 0:
+            t = time.monotonic()
+            deadline = deadline or t + limit_s
+            if t > deadline:
+                raise TimeoutError(f"flag ping-pong stalled: {what} {value} not seen in {limit_s:g} s")
+
+
 def rtt_flag(conn, ping: SharedCounter, pong: SharedCounter, n: int) -> float:
     ping.set(0)
     pong.set(0)
@@ -133,8 +144,7 @@ def rtt_flag(conn, ping: SharedCounter, pong: SharedCounter, n: int) -> float:
     for i in range(1, n + 1):
         t = now()
         ping.set(i)
-        while pong.get() != i:
-            pass
+        spin_until(pong, i, "the child's pong")
         lat.append(now() - t)
     conn.recv()
     return statistics.median(lat)
