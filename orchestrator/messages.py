@@ -25,6 +25,11 @@ class Generate(Msg):
     temperature: float
     eval: bool = False
     row: int = -1             # dataset row of the prompt (the reward reads it); -1: none (sim)
+    # run.deterministic (loop.lockstep): the sampling key (row j samples from a generator keyed by
+    # key + [j]; empty: the worker's own stream), and `hold`: more of this wave follows, do not
+    # decode until a Generate without it arrived (so a wave's rows share forward passes as fixed)
+    key: list[int] = msgspec.field(default_factory=list)
+    hold: bool = False
 
 
 class LoadWeights(Msg):

@@ -24,6 +24,7 @@ class GenRequest:
     max_new_tokens: int
     temperature: float
     eval: bool = False
+    key: tuple = ()            # run.deterministic: row j samples from a generator keyed by key + (j,)
 
 
 @dataclass

@@ -13,6 +13,19 @@ def sampling_seed(cfg: Config, index: int, gen: int, start_step: int) -> int:
     return int(np.random.SeedSequence([cfg.run.seed, index, gen, start_step]).generate_state(1)[0])
 
 
+def deterministic_torch(cfg: Config) -> None:
+    """run.deterministic in a torch worker: deterministic kernels only (an op without one fails the
+    run naming it), cuBLAS with a fixed workspace (set before the first CUDA call), and the global
+    generator (dropout, anything drawing from torch's default stream) seeded by run.seed."""
+    if not cfg.run.deterministic:
+        return
+    import os
+    import torch
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(cfg.run.seed)
+
+
 def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
                     prompt_tokens: int = 0):
     """Return (backend, scorer or None): the scorer is the reward pool, or the episode runner of a
@@ -24,6 +37,7 @@ def build_inference(cfg: Config, index: int, gen: int = 0, start_step: int = 0,
                             latency_seed=cfg.run.seed), None
     if cfg.inference.backend == "torch":
         from orchestrator.backends.torch_inference import TorchInference
+        deterministic_torch(cfg)
         device = "cuda:0" if cfg.inference.devices else "cpu"
         backend = TorchInference(cfg.model, cfg.task, cfg.rollout, cfg.inference, seed=cfg.run.seed,
                                  device=device, sample_seed=seed)
@@ -41,6 +55,7 @@ def build_trainer(cfg: Config):
         return SimTrainer(cfg.actor.sim)
     if cfg.actor.backend == "torch":
         from orchestrator.backends.torch_trainer import TorchTrainer
+        deterministic_torch(cfg)
         from orchestrator.backends.model import resolve_device
         device = resolve_device("cuda:0" if cfg.actor.rank_devices else "cpu")  # each rank sees its own
         group = None

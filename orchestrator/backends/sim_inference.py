@@ -5,7 +5,9 @@ Each request finishes `latency` seconds after it was added (fixed, uniform or lo
 draws the same, and scripts/event_model.py replays the very latencies of a run's admissions). Its
 completion tokens are spread evenly over that interval and each is stamped with the policy version
 this backend had loaded at that instant, so a rollout that straddles a weight reload spans versions
-exactly as a real partial rollout does. Rewards are Bernoulli(reward_p) per sample. Every reload checks that the weight buffer holds the
+exactly as a real partial rollout does. Rewards are Bernoulli(reward_p) per sample. Tokens,
+logprobs and rewards come from the backend's stream, or for a keyed request (run.deterministic)
+from a generator keyed by `req.key` alone. Every reload checks that the weight buffer holds the
 bytes the sim trainer wrote for that version, so the whole weight path is verified end to end.
 """
 from __future__ import annotations
@@ -98,14 +100,15 @@ class SimInference:
         gen_times = start + (finish - start) * np.arange(n_new) / n_new
         gen_versions = np.array([self._version_at(t) for t in gen_times], dtype=np.int32)
         tokens, logprobs, versions, mask = [], [], [], []
+        rng = np.random.default_rng(list(req.key)) if req.key else self.rng
         for _ in range(req.n):
             tokens.append(np.concatenate([req.prompt_tokens.astype(np.int32),
-                                          self.rng.integers(0, SIM_VOCAB, n_new, dtype=np.int32)]))
+                                          rng.integers(0, SIM_VOCAB, n_new, dtype=np.int32)]))
             logprobs.append(np.concatenate([np.zeros(p, np.float32),
-                                            -self.rng.exponential(1.0, n_new).astype(np.float32)]))
+                                            -rng.exponential(1.0, n_new).astype(np.float32)]))
             versions.append(np.concatenate([np.full(p, -1, np.int32), gen_versions]))
             mask.append(np.concatenate([np.zeros(p, np.uint8), np.ones(n_new, np.uint8)]))
-        rewards = (self.rng.random(req.n) < self.cfg.reward_p).astype(np.float32)
+        rewards = (rng.random(req.n) < self.cfg.reward_p).astype(np.float32)
         self._produced += 1
         if self._produced == self.cfg.nan_reward_after:
             rewards[0] = np.nan                       # fault injection: a broken environment

@@ -11,7 +11,9 @@ Contract (InferenceBackend of base.py):
   in `inference_cfg.max_batch` (one request larger than that runs alone).
 - `step(max_wait_s)` runs ONE decode step for every unfinished running row together (full recompute
   over a left-padded batch: simplest correct choice for tiny models and short sequences), samples
-  each next token from softmax(logits / temperature), records its logprob under that same
+  each next token from softmax(logits / temperature) (a request with a `key`, run.deterministic:
+  row j from its own generator keyed by key + (j,), one uniform draw per token against the float64
+  CDF, so its tokens depend on its key and its logits alone), records its logprob under that same
   distribution and stamps it with the currently loaded version. A row finishes on a stop id, on
   `req.max_new_tokens`, or at the model's `max_seq_len`. Returns the requests whose n rows are all done.
 - `load_weights(version, flat)` installs weights between steps; tokens sampled afterwards carry
@@ -48,6 +50,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     done: bool = False
+    rng: Optional[np.random.Generator] = None     # keyed request (run.deterministic): its own draws
 
 
 @dataclass
@@ -145,8 +148,10 @@ class TorchInference:
         while self._waiting and (not self._running or rows + self._waiting[0].n <= self.max_batch):
             req = self._waiting.popleft()
             prompt = [int(t) for t in np.asarray(req.prompt_tokens)]
-            self._running[req.request_id] = Active(req, [Row(list(prompt), len(prompt))
-                                                          for _ in range(req.n)])
+            self._running[req.request_id] = Active(req, [
+                Row(list(prompt), len(prompt),
+                    rng=np.random.default_rng([*req.key, j]) if req.key else None)
+                for j in range(req.n)])
             rows += req.n
 
     # ------------------------------------------------------------------ decoding
@@ -179,7 +184,7 @@ class TorchInference:
         temps = torch.tensor([a.req.temperature for a, _ in live], dtype=torch.float32,
                              device=self.device).unsqueeze(-1)
         logp = torch.log_softmax(logits / temps, dim=-1)
-        nxt = torch.multinomial(logp.exp(), 1, generator=self._gen)
+        nxt = self._sample(logp, [r.rng for _, r in live])
         lp = logp.gather(-1, nxt).squeeze(-1).cpu().numpy()
         nxt = nxt.squeeze(-1).cpu().numpy()
         for i, (a, r) in enumerate(live):
@@ -190,6 +195,23 @@ class TorchInference:
             if (tok in self.stop_ids or len(r.logprobs) >= a.req.max_new_tokens
                     or len(r.tokens) >= self.max_seq_len):
                 r.done = True
+
+    def _sample(self, logp: torch.Tensor, rngs: list) -> torch.Tensor:
+        """Next token ids [rows, 1]: rows with a generator of their own (a keyed request) invert
+        the float64 CDF of their distribution at one uniform draw each, so a row's sample depends
+        on its key and its probabilities alone; the others share the worker's stream."""
+        keyed = [i for i, g in enumerate(rngs) if g is not None]
+        if not keyed:
+            return torch.multinomial(logp.exp(), 1, generator=self._gen)
+        out = torch.zeros((logp.shape[0], 1), dtype=torch.int64)
+        free = [i for i, g in enumerate(rngs) if g is None]
+        if free:
+            out[free] = torch.multinomial(logp[free].exp(), 1, generator=self._gen).cpu()
+        cdf = np.cumsum(logp[keyed].double().exp().cpu().numpy(), axis=1)
+        u = np.array([rngs[i].random() for i in keyed]) * cdf[:, -1]
+        picks = np.minimum((cdf < u[:, None]).sum(axis=1), cdf.shape[1] - 1)
+        out[keyed, 0] = torch.from_numpy(picks.astype(np.int64))
+        return out.to(logp.device)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, flat: memoryview) -> None:

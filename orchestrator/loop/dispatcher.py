@@ -1,9 +1,10 @@
 """Dispatcher: in-queue of admitted prompts, out-queue of finished groups, pause/resume.
 
 It knows workers only as request rings and load counts; it does not know the gate or the sinks.
-`pump()` moves prompts from the in-queue to the least-loaded live worker (never while paused, never
-blocking: a full ring leaves the prompt queued) and returns what it submitted, so the caller can
-account for it. Finished groups are appended to the out-queue in completion order.
+`pump()` moves prompts from the in-queue to the least-loaded live worker, or to the one it was pinned
+to (`enqueue(msg, worker=i)`, run.deterministic's waves; a worker's death unpins its prompts and
+clears their `hold`), never while paused, never blocking (a full ring leaves the prompt queued),
+and returns what it submitted, so the caller can account for it. Finished groups are appended to the out-queue in completion order.
 
 Nothing here blocks on a worker: control messages (`control(worker, msg)`: LoadWeights, Abort;
 `broadcast(msg)` to every live worker) go to a per-worker outbox that `flush()` (called by `pump()`,
@@ -33,10 +34,15 @@ class Dispatcher:
         self.live = [True] * len(self.rings)
         self.outbox: list[deque[messages.Msg]] = [deque() for _ in self.rings]
         self.paused = False
+        self.pinned: dict[int, int] = {}      # request id -> the one worker it may go to
 
     # ---------------------------------------------------------------- input side
-    def enqueue(self, msg: messages.Generate, front: bool = False) -> None:
+    def enqueue(self, msg: messages.Generate, front: bool = False,
+                worker: Optional[int] = None) -> None:
+        """Queue a prompt; `worker`: it goes to that worker only (run.deterministic's waves)."""
         (self.in_queue.appendleft if front else self.in_queue.append)(msg)
+        if worker is not None:
+            self.pinned[msg.request_id] = worker
 
     def pause(self) -> None:
         self.paused = True
@@ -59,11 +65,17 @@ class Dispatcher:
             if w is None:
                 break
             msg = self.in_queue[0]
+            pin = self.pinned.get(msg.request_id)
+            if pin is not None:               # in order: a pinned prompt waits for its worker
+                if self.outbox[pin]:
+                    break
+                w = pin
             try:
                 send(self.rings[w], msg, timeout=0.0)
             except TimeoutError:
                 break
             self.in_queue.popleft()
+            self.pinned.pop(msg.request_id, None)
             self.inflight[msg.request_id] = (w, msg)
             self.load[w] += 1
             submitted.append(msg)
@@ -124,6 +136,9 @@ class Dispatcher:
         lost = [m for rid, (w, m) in list(self.inflight.items()) if w == worker]
         for m in lost:
             del self.inflight[m.request_id]
+        for m in lost + [m for m in self.in_queue if self.pinned.get(m.request_id) == worker]:
+            self.pinned.pop(m.request_id, None)     # they go wherever there is room, and nobody
+            m.hold = False                          # waits for the rest of a wave that is gone
         self.load[worker] = 0
         return lost
 

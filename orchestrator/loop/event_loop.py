@@ -12,6 +12,10 @@ after each checkpoint commit, checkpoints past `run.keep_checkpoints` (`checkpoi
 `run.keep_batches`, batch files older than that many steps before the committed one are deleted.
 Step lines are written in step order by `loop.step_lines.StepLines`, once a step's StepDone has
 arrived and every inference worker has loaded its weights.
+With run.deterministic (`loop.lockstep.Lockstep`, `self.det`) admission is by waves at the
+schedule's versions instead of the gate's capacity (whose counters still run), a wave's groups reach
+the sink in stream order, the watcher reloads and the ship hold releases only where the schedule
+allows, and a checkpoint waits for `checkpoint_ready`; after a stop request the drain is free.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from orchestrator.loop.eval_sink import EvalSink
 from orchestrator.loop.gate import StalenessGate
 from orchestrator.observe.metrics import MetricsLog
 from orchestrator.loop.prompts import PromptCursor
+from orchestrator.loop.lockstep import Lockstep, Wave, eval_key, pins, train_key
 from orchestrator.loop.train_sink import BatchInfo, TrainSink
 from orchestrator.loop.validate import check_rollout
 from orchestrator.loop.watcher import WeightWatcher
@@ -88,11 +93,17 @@ class EventLoop:
         self.reused = 0
         self.last_hang: dict[int, str] = {}       # worker -> its last EnvHung line (for its death)
         self.batch_skips: dict[int, list] = {}    # step -> prompts quarantine skipped with it
+        self.det = Lockstep(cfg) if cfg.run.deterministic else None    # run.deterministic
 
     # ------------------------------------------------------------------ helpers
     @property
     def target_accepted(self) -> int:
         return self.cfg.run.total_steps * self.cfg.rollout.consumer_batch_size
+
+    @property
+    def lockstep(self) -> Optional[Lockstep]:
+        """The deterministic schedule, while it holds (a drain after a stop request is free)."""
+        return None if self.stop_requested else self.det
 
     def live_workers(self) -> list[int]:
         return [i for i, ok in enumerate(self.dispatcher.live) if ok]
@@ -147,6 +158,7 @@ class EventLoop:
                     index = self.request_index.pop(m.request_id, None)
                     if index is not None:
                         q.skip(index, m.prompt_id)
+                    self._forget(m.request_id)
                     continue
                 self.gate.on_enqueued()
                 self.redispatched.add(m.request_id)
@@ -233,6 +245,8 @@ class EventLoop:
         n = self._pump()                   # re-dispatched or eval prompts queued earlier first
         if self.stop_requested:
             return n
+        if self.det is not None:
+            return n + self._admit_wave()
         r = self.cfg.rollout
         while not self.dispatcher.in_queue and not self.dispatcher.paused:
             if self.bound is not None and not self.bound.can_start(self.built, self.live_workers()):
@@ -250,6 +264,33 @@ class EventLoop:
             n += self._pump()
         return n
 
+    def _admit_wave(self) -> int:
+        """run.deterministic: the prompts of batch built + 1 (or the refill it needs) as one wave,
+        once its version is live and nothing else generates (`loop.lockstep`)."""
+        d, r = self.det, self.cfg.rollout
+        if d.wave is not None or self.eval_sink.active or self.dispatcher.in_queue \
+                or self.dispatcher.paused or not self.live_workers() \
+                or not d.schedule.wave_due(self.built, self.counter.get()):
+            return 0
+        msgs = []
+        for _ in range(r.consumer_batch_size - len(self.sink.pending)):
+            index, pid, tokens, row = self.cursor.next()
+            self.gate.on_enqueued()
+            msgs.append(messages.Generate(
+                request_id=self._new_request(index), prompt_id=pid, prompt_tokens=tokens.tolist(),
+                n=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, row=row,
+                key=train_key(self.cfg.run.seed, index)))
+        if not msgs:
+            return 0
+        d.wave = Wave([m.request_id for m in msgs])
+        self._send_wave(msgs)
+        return self._pump()
+
+    def _send_wave(self, msgs: list[messages.Generate]) -> None:
+        for m, (w, hold) in zip(msgs, pins(len(msgs), self.live_workers())):
+            m.hold = hold
+            self.dispatcher.enqueue(m, worker=w)
+
     # ------------------------------------------------------------------ sinks
     def consume(self) -> int:
         n = 0
@@ -261,7 +302,8 @@ class EventLoop:
                 if summary:
                     self.metrics.write(**summary)
                 continue
-            self._to_sink(group)
+            for g in [group] if self.det is None else self.det.arrive(group):
+                self._to_sink(g)      # deterministic: a wave's groups, in stream order
         while True:
             if self.bound is not None:     # the next batch trains at version `built`
                 for rid in enforce(self.bound, self.built, self.dispatcher, self.gate, self.sink):
@@ -295,6 +337,13 @@ class EventLoop:
         index = self.request_index.pop(request_id, None)
         if index is not None:
             self.cursor.redo.append(index)
+        self._forget(request_id)
+
+    def _forget(self, request_id: int) -> None:
+        """A train request that will not come back leaves its wave (a refill wave redoes it)."""
+        if self.det is not None:
+            for g in self.det.forget(request_id):
+                self._to_sink(g)
 
     def ship(self) -> bool:
         # a save in progress does not hold the next batch: SaveCheckpoint is on the trainer's control
@@ -304,6 +353,10 @@ class EventLoop:
         p = self.parked[0]
         if p.step != self.trained + 1:
             raise RunFailed(f"internal: batch {p.step} is next but trainer is at step {self.trained}")
+        d = self.lockstep
+        if d is not None and (d.ckpt_due is not None
+                              or not d.schedule.may_ship(p.step, self.counter.get())):
+            return False
         try:
             self.res.batches.put(p.record, timeout=0.0)
         except TimeoutError:
@@ -337,7 +390,11 @@ class EventLoop:
             self.empty_run = 0
         every = self.cfg.run.checkpoint_every
         if msg.step == self.cfg.run.total_steps or (every and msg.step % every == 0):
-            self.request_checkpoint(msg.step)
+            if self.lockstep is not None:       # once the batches generated before it are built
+                self.det.ckpt_due = msg.step
+                self._checkpoint_when_ready()
+            else:
+                self.request_checkpoint(msg.step)
         self.ship()          # the trainer is idle until the next batch: before any other work
 
     def _on_synced(self) -> None:
@@ -348,8 +405,14 @@ class EventLoop:
         self._flush_steps()
         version = self.counter.get()
         if self.eval_sink.due(version):
-            for m in self.eval_sink.open_round(version, self.task.eval_prompts(), self._new_request):
-                self.dispatcher.enqueue(m)
+            msgs = self.eval_sink.open_round(version, self.task.eval_prompts(), self._new_request)
+            if self.lockstep is not None and msgs:     # a wave of its own, keyed by position
+                for pos, m in enumerate(msgs):
+                    m.key = eval_key(self.cfg.run.seed, version, pos)
+                self._send_wave(msgs)
+            else:
+                for m in msgs:
+                    self.dispatcher.enqueue(m)
 
     def _flush_steps(self) -> None:
         self.steps.flush(self.counter.get(), self._line_extra)
@@ -361,7 +424,23 @@ class EventLoop:
                 "weight_sync_s": self.watcher.last_sync_s,
                 **(self.bound.take_counts() if self.bound is not None else {})}
 
+    def _checkpoint_when_ready(self) -> None:
+        """run.deterministic: request the deferred checkpoint once `checkpoint_ready`."""
+        d = self.det
+        if d is None or d.ckpt_due is None:
+            return
+        if self.stop_requested:
+            d.ckpt_due = None                 # a drain takes its own checkpoint
+        elif d.schedule.checkpoint_ready(d.ckpt_due, self.built):
+            step, d.ckpt_due = d.ckpt_due, None
+            self.request_checkpoint(step)
+
     def watch(self) -> None:
+        self._checkpoint_when_ready()
+        d = self.lockstep      # deterministic: no reload until every batch of this version is built
+        if d is not None and (self.eval_sink.active
+                              or not d.schedule.may_sync(self.built, self.counter.get())):
+            return
         target = self.watcher.poll(self.live_workers())
         if target is not None:
             if self.cfg.weights.pause_during_sync:
@@ -374,7 +453,11 @@ class EventLoop:
 
     # ------------------------------------------------------------------ checkpoints
     def request_checkpoint(self, step: int) -> None:
-        finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
+        if self.det is None:
+            finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
+        else:      # deterministic: what dynamic sampling kept out too, each where it was fed
+            finished = [g for p in self.parked for g in p.info.filtered + p.info.parts] \
+                + self.sink.filtered + list(self.sink.pending)
         redo = sorted(set(self.request_index.values()))
         q = self.cursor.quarantine            # its skips not yet in a trained step: redone too
         self.ckpts.request(step, {
@@ -388,13 +471,16 @@ class EventLoop:
     def reuse_rollouts(self, ckpt_dir: str, state: dict) -> None:
         """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint
         go straight to the sink when their head is within the bound (`checkpoints.reusable`) and
-        the gate has room; the rest are regenerated."""
+        the gate has room; the rest are regenerated. A deterministic run resumed from a
+        deterministic run's checkpoint feeds every one, in the saved order."""
         finished = checkpoint.load_finished(ckpt_dir, state)
         version, r = self.counter.get(), self.cfg.rollout
         redo = []
-        for index, part in finished:
-            if reusable(part, version, r.max_head_offpolicyness, self.episode_tokens, r.max_new_tokens) \
-                    and self.gate.capacity() > 0:
+        saved_det = bool(state.get("config", {}).get("run", {}).get("deterministic"))
+        for index, part in finished:     # deterministic: each, as it was fed (loop.lockstep)
+            if (self.det is not None and saved_det) or (
+                    reusable(part, version, r.max_head_offpolicyness, self.episode_tokens,
+                             r.max_new_tokens) and self.gate.capacity() > 0):
                 part.ident = self._new_request(index)
                 self.gate.on_enqueued()
                 self.gate.on_submitted()
@@ -424,8 +510,9 @@ class EventLoop:
 
     def iterate(self) -> bool:
         """One turn of the loop; returns True when the run is complete."""
-        if self.stop_requested and not self.dispatcher.paused:
-            self.dispatcher.pause()          # drain: queued prompts stay queued (redone on resume)
+        if self.stop_requested and not self.dispatcher.paused and not self.dispatcher.pinned:
+            self.dispatcher.pause()          # drain: queued prompts stay queued (redone on resume),
+            # once a deterministic wave begun is all sent (its workers wait for its last request)
         busy = self.drain_inputs()
         self.watch()
         busy += self.admit()

@@ -16,6 +16,9 @@ the supervisor handles it as a dead worker (prompts re-dispatched, restart per
 call abandoned past `task.env_timeout_s`, the call blocking the loop) is sent first as
 `messages.EnvHung`, so the supervisor names the environment and the row and counts the row's hangs
 toward its quarantine (`loop.quarantine`).
+With run.deterministic a Generate may carry `hold` (more of its wave follows): the backend is not
+stepped until one without it arrives, so which requests share a forward pass follows from the wave
+(`loop.lockstep`); its `key` goes to the backend, whose sampling it keys.
 Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
 supervisor's weight watcher can bump the shared policy version.
 """
@@ -101,6 +104,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
     ctx.send(messages.Ready(role="inference", index=spec.index, pid=os.getpid(),
                             weight_nbytes=nbytes))
     hang = None
+    holding = False       # the last Generate said more of its wave follows: do not decode yet
     try:
         while True:
             hint = backend.wait_hint() if hasattr(backend, "wait_hint") else (
@@ -108,6 +112,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
             wait = IDLE_WAIT_S if hint is None else min(hint, IDLE_WAIT_S)
             if scorer is not None and scorer.busy():
                 wait = min(wait, REWARD_POLL_S)
+            if holding:                   # the rest of a deterministic wave is on its way
+                wait = IDLE_WAIT_S
             msg = recv(req, timeout=wait)
             while msg is not None:
                 if isinstance(msg, messages.Generate):
@@ -118,7 +124,9 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                         reqs[msg.request_id] = (msg.eval, msg.row)
                         backend.add(GenRequest(msg.request_id, msg.prompt_id,
                                                np.asarray(msg.prompt_tokens, dtype=np.int32), msg.n,
-                                               msg.max_new_tokens, msg.temperature, msg.eval))
+                                               msg.max_new_tokens, msg.temperature, msg.eval,
+                                               tuple(msg.key)))
+                    holding = msg.hold
                 elif isinstance(msg, messages.LoadWeights):
                     ctx.beat()
                     got = load(msg.version)
@@ -142,7 +150,7 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                                            t.temperature, t.eval))
                 for key in episodes.aborts():        # their episodes stopped waiting (a client gone)
                     backend.abort(key)
-            for res in backend.step(0.0):
+            for res in () if holding else backend.step(0.0):
                 if episodes is not None:
                     episodes.turn_done(res.request_id, res.sequences)
                     continue
