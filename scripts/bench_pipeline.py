@@ -26,6 +26,9 @@ and the ratio async / ideal, per round and as a median (`--rounds`, default 5). 
 `run.seed=k` in every mode, and its event model with the same seed: the sim backend draws a
 request's latency from the run seed and the request id alone, so the model replays the run's
 admissions with their very latencies and the per-round ratio measures the orchestration only.
+Every table but the multi-turn one also runs `run.deterministic=true` at the same S (the row
+`determ.`: waves at the schedule's versions, `loop.lockstep`) and prints its throughput against
+free async (the median of the per-round ratios and their spread).
 `--bound M` adds a third mode, the same S with the hard age bound
 `rollout.max_observed_offpolicyness=M`, and prints its throughput against the gate alone with the
 rollouts it aborted in flight, the finished ones it dropped and the tokens they wasted.
@@ -50,7 +53,8 @@ sys.path.insert(0, str(ROOT))
 AGENT = "orchestrator.envs.agent_lookup:run"     # the built-in lookup task played over HTTP
 
 
-def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0, agent: bool = False) -> dict:
+def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0, agent: bool = False,
+             det: bool = False) -> dict:
     if args.backend == "sim":
         cfg = "configs/sim.yaml"
         extra = [f"inference.sim.latency_s={args.latency}", f"actor.sim.step_time_s={args.step_time}"]
@@ -73,6 +77,8 @@ def run_once(S: int, args, run_dir: str, bound=None, seed: int = 0, agent: bool 
            f"rollout.max_head_offpolicyness={S}", *extra, *args.overrides]
     if bound is not None:
         cmd.append(f"rollout.max_observed_offpolicyness={bound}")
+    if det:
+        cmd.append("run.deterministic=true")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"run failed (S={S}): {out.stderr.strip().splitlines()[-1]}")
@@ -108,15 +114,18 @@ def block(args, sigma) -> dict:
     modes = {"sync": (0, None), "async": (S, None)}
     if args.bound is not None:
         modes["bound"] = (S, args.bound)
+    if args.backend != "multiturn":       # run.deterministic refuses multi-turn environments
+        modes["det"] = (S, None)
     res = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):                 # interleaved: noise hits every mode alike
             for m, (s, bound) in modes.items():
-                res[m].append(run_once(s, args, os.path.join(tmp, f"{m}_{r}"), bound, seed=r))
+                res[m].append(run_once(s, args, os.path.join(tmp, f"{m}_{r}"), bound, seed=r,
+                                       det=m == "det"))
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
     ratio = med(res["async"], "steps_per_s") / med(res["sync"], "steps_per_s")
     ideals = {m: ideal(s, args, sigma) for m, (s, bound) in modes.items()
-              if args.backend == "sim" and bound is None}
+              if args.backend == "sim" and bound is None and m != "det"}
     workload = (f"tool latency {args.tool_latency}s, sigma {args.tool_sigma}" if args.backend == "multiturn"
                 else f"latency {args.latency}s{f' lognormal sigma {sigma}' if sigma else ''}, "
                      f"step {args.step_time}s")
@@ -124,7 +133,8 @@ def block(args, sigma) -> dict:
     print(f"{'mode':14s} {'steps/s':>9s} {'(min-max)':>13s} {'ideal':>6s} {'trainer busy':>13s} "
           f"{'age max':>8s} {'age p99':>8s} {'age mean':>9s} {'aborted':>8s} {'dropped':>8s} "
           f"{'wasted tok':>11s}")
-    names = {"sync": "sync (S=0)", "async": f"async (S={S})", "bound": f"bound (M={args.bound})"}
+    names = {"sync": "sync (S=0)", "async": f"async (S={S})", "bound": f"bound (M={args.bound})",
+             "det": f"determ. (S={S})"}
     for m, xs in res.items():
         rates = [x["steps_per_s"] for x in xs]
         best = f"{statistics.median(ideals[m]):6.2f}" if m in ideals else f"{'-':>6s}"
@@ -140,8 +150,15 @@ def block(args, sigma) -> dict:
     if "bound" in res:
         b = med(res["bound"], "steps_per_s") / med(res["async"], "steps_per_s")
         print(f"bound / gate alone throughput: {b:.2f}x (median of {args.rounds} rounds)")
+    if "det" in res:
+        per = [d["steps_per_s"] / a["steps_per_s"] for d, a in zip(res["det"], res["async"])]
+        print(f"deterministic / free async throughput: {statistics.median(per):.2f}x (median of "
+              f"{args.rounds} rounds, per round {min(per):.2f}-{max(per):.2f})")
     return {"backend": args.backend, "sigma": sigma, "steps": args.steps, "rounds": args.rounds,
             "staleness": S, "overrides": list(args.overrides), "async_over_sync": ratio,
+            **({"det_over_async": statistics.median(d["steps_per_s"] / a["steps_per_s"]
+                                                    for d, a in zip(res["det"], res["async"]))}
+               if "det" in res else {}),
             **{f"{m}_{k}": med(xs, k) for m, xs in res.items()
                for k in ("steps_per_s", "trainer_busy", "age_mean")},
             **{f"{m}_age_max": max(x["age_max"] for x in xs) for m, xs in res.items()}}

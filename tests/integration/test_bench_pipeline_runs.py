@@ -21,7 +21,10 @@ def test_bench_pipeline_reports_sync_and_async(workload):
                           *workload], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if "(S=" in l or "(M=" in l}
-    assert set(rows) == {"sync", "async"}
+    assert set(rows) == ({"sync", "async"} if workload else {"sync", "async", "determ."})
+    if not workload:          # run.deterministic: every head exactly S old once warm, nothing dropped
+        assert rows["determ."][1] == "(S=2)" and rows["determ."][6] == "2"
+        assert "deterministic / free async throughput:" in out.stdout
     assert rows["sync"][6] == "0" and rows["sync"][7] == "0.0"      # age max, p99 with S=0
     assert rows["async"][1] == "(S=2)"
     age_max, age_p99, age_mean = int(rows["async"][6]), float(rows["async"][7]), float(rows["async"][8])
@@ -41,6 +44,6 @@ def test_bench_pipeline_long_tail_with_the_hard_bound():
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if "(S=" in l or "(M=" in l}
-    assert set(rows) == {"sync", "async", "bound"}
+    assert set(rows) == {"sync", "async", "bound", "determ."}
     assert int(rows["bound"][6]) <= 3                             # age max
     assert "bound / gate alone throughput:" in out.stdout and "lognormal sigma 1.5" in out.stdout
