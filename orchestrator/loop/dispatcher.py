@@ -4,7 +4,8 @@ It knows workers only as request rings and load counts; it does not know the gat
 `pump()` moves prompts from the in-queue to the least-loaded live worker, or to the one it was pinned
 to (`enqueue(msg, worker=i)`, run.deterministic's waves; a worker's death unpins its prompts and
 clears their `hold`), never while paused, never blocking (a full ring leaves the prompt queued),
-and returns what it submitted, so the caller can account for it. Finished groups are appended to the out-queue in completion order.
+and returns what it submitted, so the caller can account for it. Finished groups are appended to
+the out-queue in completion order.
 
 Nothing here blocks on a worker: control messages (`control(worker, msg)`: LoadWeights, Abort;
 `broadcast(msg)` to every live worker) go to a per-worker outbox that `flush()` (called by `pump()`,
