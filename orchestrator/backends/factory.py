@@ -1,6 +1,8 @@
 """Build the configured backends inside a worker process (heavy imports happen only here)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from orchestrator.config import Config
@@ -19,7 +21,6 @@ def deterministic_torch(cfg: Config) -> None:
     generator (dropout, anything drawing from torch's default stream) seeded by run.seed."""
     if not cfg.run.deterministic:
         return
-    import os
     import torch
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)

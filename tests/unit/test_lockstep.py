@@ -7,7 +7,7 @@ from orchestrator.loop.lockstep import Lockstep, Schedule, Wave, eval_key, pins,
 
 
 def test_versions_reloads_and_ship_hold_follow_the_lag():
-    s = Schedule(lag=2, batch_size=8, total_steps=10)
+    s = Schedule(lag=2, total_steps=10)
     assert [s.version_of(k) for k in range(1, 11)] == [0, 0, 0, 1, 2, 3, 4, 5, 6, 7]
     assert s.wave_due(0, 0) and s.wave_due(2, 0) and not s.wave_due(3, 0) and s.wave_due(3, 1)
     assert not s.wave_due(10, 7)                       # nothing past total_steps
@@ -24,7 +24,7 @@ def test_every_step_is_reachable_under_the_rules():
     """Drive the rules as the loop does (build when due, sync when allowed, ship when allowed):
     every batch k is built at version g(k) and trained at k - 1, so its age is min(k - 1, S)."""
     for lag in (0, 1, 2, 3):
-        s, total = Schedule(lag, 4, 12), 12
+        s, total = Schedule(lag, 12), 12
         built = trained = version = 0
         ages = []
         for _ in range(1000):
@@ -48,9 +48,8 @@ def test_pins_spread_a_wave_and_release_each_worker_with_its_last_request():
 
 
 def test_a_wave_hands_on_its_groups_in_stream_order_once_complete():
-    ls = Lockstep(SimpleNamespace(rollout=SimpleNamespace(max_head_offpolicyness=1,
-                                                          consumer_batch_size=3),
-                                  run=SimpleNamespace(total_steps=5, seed=7)))
+    ls = Lockstep(SimpleNamespace(rollout=SimpleNamespace(max_head_offpolicyness=1),
+                                  run=SimpleNamespace(total_steps=5)))
     ls.wave = Wave([10, 11, 12])
     g = {r: SimpleNamespace(ident=r) for r in (10, 11, 12, 99)}
     assert ls.arrive(g[12]) == [] and ls.arrive(g[10]) == []
