@@ -1121,7 +1121,6 @@ def deterministic_refusal(cfg: "Config") -> Optional[str]:
     naming the key (None: it can)."""
     if not cfg.run.deterministic:
         return None
-    env = env_spec(cfg)
     if cfg.inference.backend == "vllm":
         why = ("inference.backend=vllm: vLLM batches requests by arrival; its batch-invariant "
                "mode (VLLM_BATCH_INVARIANT=1, beta in 0.32) is GPU-only and not wired to this "
@@ -1129,9 +1128,6 @@ def deterministic_refusal(cfg: "Config") -> Optional[str]:
     elif cfg.task.agent is not None:
         why = (f"task.agent={cfg.task.agent!r}: an HTTP agent's own code decides when its turns "
                f"arrive, so which turns share a forward pass is not the runtime's to fix")
-    elif env is not None:
-        why = (f"task.env={env!r}: a multi-turn environment's turns are not yet put in "
-               f"lockstep (single-turn tasks only)")
     else:
         return None
     return f"run.deterministic=true cannot hold with {why}; set run.deterministic=false"

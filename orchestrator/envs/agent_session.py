@@ -82,6 +82,8 @@ class _Prompt:
     """A turn's prompt as `EpisodeRunner.generate` takes it (it adds the turn's time to gen_s)."""
     ids: list
     gen_s: float = 0.0
+    index: int = 0          # its episode's place in the group
+    asked: int = 0
 
 
 @dataclass
@@ -371,7 +373,7 @@ class Session:
         lim = self.runner.limits
         if task is not None:
             self._calls.add(task)
-        view = _Prompt(prompt)                 # what the backend samples after
+        view = _Prompt(prompt, index=self.ep.index)    # what the backend samples after
         try:
             ids, lps, vers = await asyncio.wait_for(
                 self.runner.generate(self.g, view, b.reserve),

@@ -6,7 +6,10 @@ of dataset row `row`), `requests()` for the model turns to put to the backend (`
 the trajectory's ids so far, max new tokens), `turn_done(key, sequences)` with the backend's
 one-row result of a turn, `ready()` for finished groups (`shm.codec.Sequences`, rewards and
 scalars filled), `cancel(request_id)` (returns the turn keys to abort in the backend),
-`running(request_id)` (started, not cancelled, not handed out yet), `close()`.
+`running(request_id)` (started, not cancelled, not handed out yet), `settled()` (every episode
+awaits a model turn or is over: run.deterministic steps the backend only then), `close()`.
+With a `key` (run.deterministic), turn t of episode e carries `sample_key` key + (e, t) and the
+environment's rng is keyed by key + (e, ENV_STREAM) instead of the runner's seed sequence.
 Episodes are coroutines on the environment thread's asyncio loop; blocking calls run on a pool of
 `task.env_workers` daemon threads (`envs.pool.EnvPool`; tools on processes with
 `task.env_processes`), rendering and tokenizing on a thread of its own. The decode loop never waits
@@ -71,6 +74,7 @@ from orchestrator.envs.watch import LoopWatch
 from shm.codec import Sequences
 
 KEY_BASE = 1 << 60          # backend request ids of turns: above any supervisor request id
+ENV_STREAM = (1 << 32) - 1  # keyed env rng: key + (episode, ENV_STREAM), no turn index reaches it
 CLOSE_TIMEOUT_S = 5.0
 
 
@@ -93,6 +97,7 @@ class TurnRequest:
     max_new_tokens: int
     temperature: float
     eval: bool
+    sample_key: tuple = ()       # run.deterministic: the group's key + (episode, turn)
 
 
 class Ended(Exception):
@@ -105,6 +110,8 @@ class Ended(Exception):
 @dataclass
 class _Episode:
     env: Any
+    index: int = 0                       # its place in the group
+    asked: int = 0                       # turns put to the backend so far
     ids: list = field(default_factory=list)
     mask: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
@@ -127,8 +134,11 @@ class _Group:
     is_eval: bool
     temperature: float
     n: int
+    key: tuple = ()                      # run.deterministic: Generate.key (keys turns and env rng)
     task: Optional[asyncio.Future] = None
     keys: set = field(default_factory=set)
+    waiting: dict = field(default_factory=dict)  # episode index -> its turns being generated
+    ended: int = 0                               # episodes over
 
 
 class EpisodeRunner:
@@ -171,14 +181,29 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ main-thread side
     def start(self, request_id: int, prompt_id: int, row: int, n: int, is_eval: bool,
-              temperature: float) -> None:
-        g = _Group(request_id, prompt_id, row, is_eval, temperature, n)
+              temperature: float, key: tuple = ()) -> None:
+        g = _Group(request_id, prompt_id, row, is_eval, temperature, n, tuple(key))
         with self._lock:
             self._groups[request_id] = g
         g.task = asyncio.run_coroutine_threadsafe(self._group(g), self.loop)
 
     def requests(self) -> list[TurnRequest]:
         return _drain(self._requests)
+
+    def settled(self) -> bool:
+        """Whether every episode here awaits a model turn or is over: nothing the environment
+        thread does can add a turn before one of those is answered. run.deterministic steps the
+        backend only then, so which turns share a forward pass follows from the run alone."""
+        with self._lock:
+            return all(len(g.waiting) + g.ended == g.n for g in self._groups.values())
+
+    @staticmethod
+    def _answered(g: "_Group", i: int) -> None:
+        """One turn of episode `i` of `g` is no longer being generated (under the lock)."""
+        if g.waiting.get(i, 0) > 1:
+            g.waiting[i] -= 1
+        else:
+            g.waiting.pop(i, None)
 
     def aborts(self) -> list[int]:
         """Keys of turns whose episodes stopped waiting for them (to abort in the backend); drained
@@ -191,7 +216,9 @@ class EpisodeRunner:
         ids = [int(t) for t in seqs.tokens[sl][p:]]
         turn = (ids, seqs.logprobs[sl][p:].tolist(), seqs.versions[sl][p:].tolist())
         with self._lock:
-            fut, t0 = self._turns.pop(key, (None, 0.0))
+            fut, t0, g, i = self._turns.pop(key, (None, 0.0, None, 0))
+            if g is not None:
+                self._answered(g, i)
         if fut is not None:
             self.loop.call_soon_threadsafe(_resolve, fut, (turn, time.monotonic() - t0))
 
@@ -353,17 +380,23 @@ class EpisodeRunner:
 
     async def generate(self, g: _Group, ep: _Episode, max_new: int) -> tuple:
         fut = self.loop.create_future()
-        with self._lock:
+        i = ep.index
+        sample_key = (*g.key, i, ep.asked) if g.key else ()     # (keys only run.deterministic,
+        ep.asked += 1                                            # which refuses agents)
+        with self._lock:        # the request is queued before the episode counts as waiting
             key, self._next_key = self._next_key, self._next_key + 1
-            self._turns[key] = (fut, time.monotonic())
+            self._turns[key] = (fut, time.monotonic(), g, i)
             g.keys.add(key)
-        self._requests.put(TurnRequest(key, g.prompt_id, np.asarray(ep.ids, np.int32), max_new,
-                                       g.temperature, g.is_eval))
+            g.waiting[i] = g.waiting.get(i, 0) + 1
+            self._requests.put(TurnRequest(key, g.prompt_id, np.asarray(ep.ids, np.int32), max_new,
+                                           g.temperature, g.is_eval, sample_key))
         try:
             turn, gen_s = await fut
         except asyncio.CancelledError:          # nobody waits for it any more: abort it
             with self._lock:
                 pending = self._turns.pop(key, None) is not None
+                if pending:
+                    self._answered(g, i)
             if pending:
                 self._aborts.put(key)
             raise
@@ -381,7 +414,7 @@ class EpisodeRunner:
         return float(reward)
 
     async def _episode(self, g: _Group, i: int) -> _Episode:
-        ep = _Episode(None)
+        ep = _Episode(None, index=i)
         try:
             body = self._env_episode if self.agent is None else self.agent.episode
             ep.reward = await body(self, g, ep)
@@ -395,12 +428,16 @@ class EpisodeRunner:
                 raise BadEnvOutput(str(exc)) from None
             ep.ended, ep.reward = "error", 0.0
         finally:
-            close = getattr(ep.env, "close", None)
-            if callable(close):
-                try:
-                    await self.call(g, ep, "close()", close)
-                except (Ended, EnvError):
-                    pass
+            try:
+                close = getattr(ep.env, "close", None)
+                if callable(close):
+                    try:
+                        await self.call(g, ep, "close()", close)
+                    except (Ended, EnvError):
+                        pass
+            finally:
+                with self._lock:
+                    g.ended += 1
         return ep
 
     async def _env_episode(self, _, g: _Group, ep: _Episode) -> float:
@@ -411,7 +448,8 @@ class EpisodeRunner:
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}".splitlines()[0]
             raise EnvError(f"{self.where(g)}: constructing it with task.env_args raised {why}") from None
-        env.rng = np.random.default_rng(self._seeds.spawn(1)[0])
+        env.rng = np.random.default_rng([*g.key, ep.index, ENV_STREAM] if g.key
+                                        else self._seeds.spawn(1)[0])
         env._pool = self.pool
         row = self.rows(g.is_eval, g.row)
         history = await self.call(g, ep, "reset()", env.reset, row)

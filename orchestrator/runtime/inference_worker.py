@@ -18,7 +18,10 @@ call abandoned past `task.env_timeout_s`, the call blocking the loop) is sent fi
 toward its quarantine (`loop.quarantine`).
 With run.deterministic a Generate may carry `hold` (more of its wave follows): the backend is not
 stepped until one without it arrives, so which requests share a forward pass follows from the wave
-(`loop.lockstep`); its `key` goes to the backend, whose sampling it keys.
+(`loop.lockstep`); its `key` goes to the backend, whose sampling it keys. A multi-turn task's
+backend is stepped only when every episode awaits a model turn or is over
+(`EpisodeRunner.settled`), its turns added in key order (the group's key + (episode, turn)): the
+turns sharing each forward pass then follow from the run, not from the environment's timing.
 Weights are read from the run's shm WeightBuffer; the loaded version is acknowledged so the
 supervisor's weight watcher can bump the shared policy version.
 """
@@ -105,6 +108,8 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                             weight_nbytes=nbytes))
     hang = None
     holding = False       # the last Generate said more of its wave follows: do not decode yet
+    lockstep = cfg.run.deterministic
+    settled = True        # lockstep, multi-turn: every episode awaits a turn or is over
     try:
         while True:
             hint = backend.wait_hint() if hasattr(backend, "wait_hint") else (
@@ -114,12 +119,14 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 wait = min(wait, REWARD_POLL_S)
             if holding:                   # the rest of a deterministic wave is on its way
                 wait = IDLE_WAIT_S
+            elif not settled:             # a deterministic wave's episodes are between turns
+                wait = REWARD_POLL_S
             msg = recv(req, timeout=wait)
             while msg is not None:
                 if isinstance(msg, messages.Generate):
                     if episodes is not None:      # n episodes; their turns come back as requests
                         episodes.start(msg.request_id, msg.prompt_id, msg.row, msg.n, msg.eval,
-                                       msg.temperature)
+                                       msg.temperature, tuple(msg.key))
                     else:
                         reqs[msg.request_id] = (msg.eval, msg.row)
                         backend.add(GenRequest(msg.request_id, msg.prompt_id,
@@ -144,13 +151,18 @@ def _main(spec: WorkerSpec, ctx: WorkerContext) -> None:
                 elif isinstance(msg, messages.Shutdown):
                     return
                 msg = recv(req, timeout=0.0)
-            if episodes is not None:              # model turns of running episodes
-                for t in episodes.requests():
+            if episodes is not None and lockstep:   # step only once every episode of the whole
+                settled = not holding and episodes.settled()      # wave awaits a turn
+            if episodes is not None and settled:    # model turns of running episodes
+                turns = episodes.requests()
+                if lockstep:                        # added in key order, not arrival order
+                    turns.sort(key=lambda t: t.sample_key)
+                for t in turns:
                     backend.add(GenRequest(t.key, t.prompt_id, t.ids, 1, t.max_new_tokens,
-                                           t.temperature, t.eval))
+                                           t.temperature, t.eval, t.sample_key))
                 for key in episodes.aborts():        # their episodes stopped waiting (a client gone)
                     backend.abort(key)
-            for res in () if holding else backend.step(0.0):
+            for res in () if holding or not settled else backend.step(0.0):
                 if episodes is not None:
                     episodes.turn_done(res.request_id, res.sequences)
                     continue

@@ -24,6 +24,7 @@ LEARNING = ("reward_mean", "loss", "train_grad_norm", "train_entropy", "train_ap
             "train_tokens", "train_sequences", "version", "age_max", "age_mean", "token_age_mean",
             "groups")
 DEFAULT = "configs/default.yaml"
+MULTITURN = "configs/multiturn.yaml"
 SHORT = ("run.deterministic=true", "run.total_steps=14", "run.checkpoint_every=4",
          "eval.every_steps=7", "run.progress=false", "metrics.interval_s=0.5")
 
@@ -186,6 +187,19 @@ def test_lora(tmp_path):
     assert_same_run(tmp_path / "a", tmp_path / "b")
 
 
+def test_the_multi_turn_lookup_job(tmp_path):
+    """The multi-turn tool job with a random tool latency (drawn from each episode's keyed rng) on
+    two workers: episodes finish their turns in any order, the turns sharing a forward pass do
+    not change."""
+    extra = ("inference.num_workers=2", "task.env_args.latency_s=0.003",
+             "task.env_args.latency_sigma=1.0")
+    launch(tmp_path / "a", *extra, config=MULTITURN)
+    launch(tmp_path / "b", *extra, config=MULTITURN, jitter=6)
+    assert_same_run(tmp_path / "a", tmp_path / "b")
+    recs = steps(tmp_path / "a")
+    assert sum(r["tool_calls"] for r in recs) > 0 and max(r["turns_max"] for r in recs) >= 2
+
+
 @pytest.mark.slow           # two two-rank launches
 def test_two_trainer_ranks(tmp_path):
     extra = ("actor.num_ranks=2",)
@@ -220,7 +234,6 @@ def test_a_free_run_is_not_replayed(tmp_path):
 
 @pytest.mark.parametrize("overrides, names", [
     (("inference.backend=vllm",), "inference.backend=vllm"),
-    (("task.name=lookup",), "task.env='lookup'"),
     (("task.agent=examples.agents:nothing",), "task.agent="),
 ])
 def test_paths_that_cannot_hold_it_are_refused(tmp_path, overrides, names):
