@@ -2,7 +2,11 @@
 pipeline: the mean reward of the last 50 steps is at least 0.3 above the first 50's (issue #24).
 All are slow-marked (learning soaks, about a minute each on 2 cores; `.ci/run` runs them): the
 default suite checks each recipe's math in tests/unit/test_algo_* and its split invariance on
-trainer ranks in test_trainer_ranks. Every step line carries the recipe's own fields."""
+trainer ranks in test_trainer_ranks. Every step line carries the recipe's own fields.
+Each runs with run.deterministic=true (seed 0), so its figure is a function of the code. Sweep of
+seeds 0-7 (scripts/sweep_soaks.py, 2026-12-07), gain of the last 50 steps over the first 50, min /
+median / max, each 8 of 8 above 0.3: cispo 0.35 / 0.48 / 0.74, dapo 0.33 / 0.40 / 0.68, dr_grpo
+0.52 / 0.80 / 0.83, grpo 0.64 / 0.76 / 0.80, gspo 0.74 / 0.78 / 0.82, rloo 0.71 / 0.82 / 0.84."""
 import json
 import subprocess
 import sys
@@ -29,7 +33,8 @@ def _learns(run_dir: Path, name: str) -> None:
     total = LONGER.get(name, STEPS)
     proc = subprocess.run([sys.executable, "-m", "orchestrator.launch", "--config",
                            f"configs/recipes/{name}.yaml", f"run.dir={run_dir}",
-                           f"run.total_steps={total}", "eval.every_steps=0", "run.progress=false"],
+                           f"run.total_steps={total}", "eval.every_steps=0", "run.progress=false",
+                           "run.deterministic=true"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if r["kind"] == "step"]
