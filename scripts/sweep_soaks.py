@@ -7,11 +7,12 @@ hold the soak's test bound, so that a bound is set from a sweep rather than from
 A soak is the launch its test makes (`tests/integration/test_*_learns.py`) and the test's own
 criterion: `default` and `default-2ranks` (configs/default.yaml with run.deterministic=true:
 last-10 reward >= 0.8, >= 0.5 above the first 10), `multiturn` (configs/multiturn.yaml with
-run.deterministic=true: last-10 >= 0.57, >= 0.5 above the first 10), and each recipe preset `recipe-NAME` (configs/recipes/NAME.yaml with run.deterministic=true, 200 steps,
-dapo 400: the last 50 steps' mean >= 0.3 above the first 50's). `--set` adds overrides to every run (a variant: e.g.
-`--set actor.entropy_coef=0.06`). Runs go one at a time (each launch uses the machine's cores), each
-in `--runs-dir/SOAK-sSEED` (a temporary directory by default, removed at the end); a run that does
-not exit 0 counts as failing its bound and its stderr's last line is printed.
+run.deterministic=true: last-10 >= 0.57, >= 0.5 above the first 10), and each recipe preset
+`recipe-NAME` (configs/recipes/NAME.yaml with run.deterministic=true, 200 steps, dapo 400: the
+last 50 steps' mean >= 0.3 above the first 50's). `--set` adds overrides to every run (a variant:
+e.g. `--set actor.entropy_coef=0.06`). Runs go one at a time (each launch uses the machine's
+cores), each in `--runs-dir/SOAK-sSEED` (a temporary directory by default, removed at the end); a
+run that does not exit 0 counts as failing its bound and its stderr's last line is printed.
 """
 from __future__ import annotations
 

@@ -137,8 +137,7 @@ class _Group:
     key: tuple = ()                      # run.deterministic: Generate.key (keys turns and env rng)
     task: Optional[asyncio.Future] = None
     keys: set = field(default_factory=set)
-    waiting: dict = field(default_factory=dict)  # episode index -> its turns being generated
-    ended: int = 0                               # episodes over
+    ended: int = 0                       # episodes over
 
 
 class EpisodeRunner:
@@ -195,15 +194,10 @@ class EpisodeRunner:
         thread does can add a turn before one of those is answered. run.deterministic steps the
         backend only then, so which turns share a forward pass follows from the run alone."""
         with self._lock:
-            return all(len(g.waiting) + g.ended == g.n for g in self._groups.values())
-
-    @staticmethod
-    def _answered(g: "_Group", i: int) -> None:
-        """One turn of episode `i` of `g` is no longer being generated (under the lock)."""
-        if g.waiting.get(i, 0) > 1:
-            g.waiting[i] -= 1
-        else:
-            g.waiting.pop(i, None)
+            waiting: dict[int, set] = {}        # request id -> its episodes with a turn pending
+            for _, _, g, i in self._turns.values():
+                waiting.setdefault(g.request_id, set()).add(i)
+            return all(len(waiting.get(rid, ())) + g.ended == g.n for rid, g in self._groups.items())
 
     def aborts(self) -> list[int]:
         """Keys of turns whose episodes stopped waiting for them (to abort in the backend); drained
@@ -216,9 +210,7 @@ class EpisodeRunner:
         ids = [int(t) for t in seqs.tokens[sl][p:]]
         turn = (ids, seqs.logprobs[sl][p:].tolist(), seqs.versions[sl][p:].tolist())
         with self._lock:
-            fut, t0, g, i = self._turns.pop(key, (None, 0.0, None, 0))
-            if g is not None:
-                self._answered(g, i)
+            fut, t0, _, _ = self._turns.pop(key, (None, 0.0, None, 0))
         if fut is not None:
             self.loop.call_soon_threadsafe(_resolve, fut, (turn, time.monotonic() - t0))
 
@@ -387,7 +379,6 @@ class EpisodeRunner:
             key, self._next_key = self._next_key, self._next_key + 1
             self._turns[key] = (fut, time.monotonic(), g, i)
             g.keys.add(key)
-            g.waiting[i] = g.waiting.get(i, 0) + 1
             self._requests.put(TurnRequest(key, g.prompt_id, np.asarray(ep.ids, np.int32), max_new,
                                            g.temperature, g.is_eval, sample_key))
         try:
@@ -395,8 +386,6 @@ class EpisodeRunner:
         except asyncio.CancelledError:          # nobody waits for it any more: abort it
             with self._lock:
                 pending = self._turns.pop(key, None) is not None
-                if pending:
-                    self._answered(g, i)
             if pending:
                 self._aborts.put(key)
             raise

@@ -5,8 +5,8 @@ returned (last-10 reward above what a call with a chance answer earns, 0.2 + 0.8
 MARGIN; held-out keys above chance); the head age stays within S on average.
 It runs with run.deterministic=true (seed 0), so the figure is a function of the code; a
 deterministic run reloads only between waves, so no trajectory spans versions (a free run's
-later turns may carry newer versions; no soak asserts that any more). The bounds come from a sweep (scripts/sweep_soaks.py --soaks
-multiturn, 2026-12-07, 800 steps, 2 cores): last-10 reward over seeds 0-7 min 0.574 / median 0.885 /
+later turns may carry newer versions; no soak asserts that any more). The bounds come from a
+sweep (scripts/sweep_soaks.py --soaks multiturn, 2026-12-07, 800 steps, 2 cores): last-10 reward over seeds 0-7 min 0.574 / median 0.885 /
 max 0.988, the last eval 0.541 / 0.888 / 0.989 (seed 6 the low one on both: its second digit
 collapsed on one value, the "dead digit" of the default job; seed 0 gives 0.836 / 0.765). The low
 end sits at the bound: making the recipe robust there is open (issue #35)."""
