@@ -72,9 +72,20 @@ def child(names: dict, conn, queue) -> None:
         x.close()
 
 
+def reply(conn):
+    """The child's next message; a child silent for FLAG_LIMIT_S or gone is a RuntimeError (the
+    parent holds no copy of the child's end, so its death reads as EOF here)."""
+    if not conn.poll(FLAG_LIMIT_S):
+        raise RuntimeError(f"the bench's child process sent nothing for {FLAG_LIMIT_S:g} s")
+    try:
+        return conn.recv()
+    except EOFError:
+        raise RuntimeError("the bench's child process died") from None
+
+
 def start(conn, cmd: str, arg: int) -> None:
     conn.send((cmd, arg))
-    assert conn.recv() == "ready"
+    assert reply(conn) == "ready"
 
 
 def memcpy_s(dst: memoryview, src: memoryview) -> float:
@@ -99,7 +110,7 @@ def stream_ring(conn, ring: Ring, data: bytes, n: int) -> float:
     t = now()
     for _ in range(n):
         put(data, 10)
-    return conn.recv() - t
+    return reply(conn) - t
 
 
 def stream_queue(conn, queue, data: bytes, n: int) -> float:
@@ -108,7 +119,7 @@ def stream_queue(conn, queue, data: bytes, n: int) -> float:
     t = now()
     for _ in range(n):
         put(data)
-    return conn.recv() - t
+    return reply(conn) - t
 
 
 def rtt_ring(conn, down: Ring, up: Ring, n: int) -> float:
@@ -119,7 +130,7 @@ def rtt_ring(conn, down: Ring, up: Ring, n: int) -> float:
         put(msg, 10)
         get(10)
         lat.append(now() - t)
-    conn.recv()
+    reply(conn)
     return statistics.median(lat)
 
 
@@ -146,7 +157,7 @@ def rtt_flag(conn, ping: SharedCounter, pong: SharedCounter, n: int) -> float:
         ping.set(i)
         spin_until(pong, i, "the child's pong")
         lat.append(now() - t)
-    conn.recv()
+    reply(conn)
     return statistics.median(lat)
 
 
@@ -155,7 +166,7 @@ def handoff(conn, wbuf: WeightBuffer, data: memoryview, version: int) -> float:
     time.sleep(0.02)                          # the reader is waiting for this version
     t = now()
     wbuf.publish(data, version)
-    return conn.recv() - t
+    return reply(conn) - t
 
 
 def main() -> None:
@@ -182,11 +193,12 @@ def main() -> None:
     wbuf = WeightBuffer.create(names["weights"], wbytes)
     owned = [down, up, ping, pong, wbuf]
     proc = None
+    queue = ctx.Queue()
     try:
-        queue = ctx.Queue()
         conn, child_conn = ctx.Pipe()
         proc = ctx.Process(target=child, args=(names, child_conn, queue), daemon=True)
         proc.start()
+        child_conn.close()                    # the child's end lives in the child alone
         src100, dst100 = memoryview(os.urandom(wbytes)), memoryview(bytearray(wbytes))
         d1m, d64k, d4k = os.urandom(1 << 20), os.urandom(64 << 10), os.urandom(4 << 10)
         ring_sized = memoryview(bytearray(args.ring_mb << 20))
@@ -217,6 +229,8 @@ def main() -> None:
     finally:
         if proc is not None and proc.is_alive():
             proc.kill()
+        queue.cancel_join_thread()            # records a dead child never read: do not wait on them
+        queue.close()
         for x in owned:
             x.close()
             x.unlink()
