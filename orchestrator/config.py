@@ -22,6 +22,7 @@ machine (devices present, CPUs, free /dev/shm) live in `orchestrator.runtime.pre
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -247,12 +248,27 @@ class SimTrainerConfig(_Section):
 TINY_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 
 
+def default_lora_alpha(hidden_size: int) -> float:
+    """actor.lora.alpha's default for a model of `hidden_size`: sqrt(hidden_size) (8 at the built-in
+    model's 64, 64 at 4096). A LoRA step's size against a full step's at one rate shrinks as the
+    model widens (scripts/bench_lora_scale.py), so a fixed alpha tuned at the field's widths makes
+    a narrow model's LoRA steps as large as full fine-tuning's: 10x the rate broke it (issue #39)."""
+    return math.sqrt(hidden_size)
+
+
 class LoraConfig(_Section):
     """LoRA adapters trained instead of the full model (peft; issue #25)."""
     rank: int = Field(..., ge=1, le=65536, description="adapter rank r (the inner size of B x A; "
                       ">= 1, <= 65536: past any layer's width)")
     alpha: Optional[float] = Field(None, gt=0, le=1e6, description="LoRA alpha: the update is "
-                                   "(alpha / rank) x B x A (None: 2 x rank)")
+                                   "(alpha / rank) x B x A (None: sqrt(hidden_size) of the model, "
+                                   "8 for the built-in one; see README LoRA)")
+    lr_scale: float = Field(10.0, gt=0, le=1e4, description="B trains at actor.lr x lr_scale "
+                            "(the field's LoRA rule: about 10x full fine-tuning's rate, so one "
+                            "actor.lr serves both; 1: actor.lr itself)")
+    loraplus_lr_ratio: float = Field(16.0, ge=1, le=1e4, description="LoRA+ (Hayou et al. 2024; "
+                                     "peft's loraplus_lr_ratio): A trains at B's rate / this; 1: "
+                                     "one rate for both")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input in "
                            "training (the published merged weights have none)")
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
@@ -270,9 +286,9 @@ class LoraConfig(_Section):
                              "[q_proj, v_proj])")
         return v
 
-    @property
-    def lora_alpha(self) -> float:
-        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+    def resolved_alpha(self, hidden_size: int) -> float:
+        """alpha, or its default for a model of `hidden_size` (`default_lora_alpha`)."""
+        return float(self.alpha) if self.alpha is not None else default_lora_alpha(hidden_size)
 
 
 class ActorConfig(_Section):

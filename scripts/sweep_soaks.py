@@ -9,7 +9,11 @@ criterion: `default` and `default-2ranks` (configs/default.yaml with run.determi
 last-10 reward >= 0.8, >= 0.5 above the first 10), `multiturn` (configs/multiturn.yaml with
 run.deterministic=true: last-10 >= 0.57, >= 0.5 above the first 10), and each recipe preset
 `recipe-NAME` (configs/recipes/NAME.yaml with run.deterministic=true, 200 steps, dapo 400: the
-last 50 steps' mean >= 0.3 above the first 50's). `--set` adds overrides to every run (a variant:
+last 50 steps' mean >= 0.3 above the first 50's), `lora` (test_lora_learns: the default job
+with LoRA rank 8 on every linear layer and the head, run.deterministic=true: the same gain), and
+`lora-rates` (scripts/soak_lora_rates.py:
+full fine-tuning and LoRA at 10x / 5x / 2x its rate on a pretrained base; its figures are the
+default LoRA run's first and last 50, and its bound the comparison's). `--set` adds overrides to every run (a variant:
 e.g. `--set actor.entropy_coef=0.06`). Runs go one at a time (each launch uses the machine's
 cores), each in `--runs-dir/SOAK-sSEED` (a temporary directory by default, removed at the end); a
 run that does not exit 0 counts as failing its bound and its stderr's last line is printed.
@@ -50,7 +54,28 @@ def soaks() -> dict[str, Soak]:
         steps = 400 if path.stem == "dapo" else 200
         out[f"recipe-{path.stem}"] = Soak(str(path.relative_to(ROOT)), 50, 0.0, 0.3,
                                           (f"run.total_steps={steps}", "eval.every_steps=0", *det))
+    head = "actor.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
+    out["lora"] = Soak("configs/default.yaml", 50, 0.0, 0.3, (*det, "actor.lora.rank=8", head))
+    out[LORA_RATES] = Soak("configs/default.yaml", 50, 0.0, 0.0)   # its bound: soak_lora_rates
     return out
+
+
+LORA_RATES = "lora-rates"
+
+
+def lora_rates(runs: Path, seed: int, extra: list[str]) -> dict:
+    """The `lora-rates` soak on one seed (soak_lora_rates.compare), as a run_one result: first and
+    last are the default LoRA run's, and the per-run figures ride along."""
+    sys.path.insert(0, str(ROOT))
+    from scripts.soak_lora_rates import RATES, compare
+
+    try:
+        r = compare(runs, seed, tuple(extra))
+    except (RuntimeError, subprocess.SubprocessError) as e:
+        return {"seed": seed, "ok": False, "error": str(e)}
+    default = r[f"lora{RATES[0]}x"]
+    return {**r, "first": default["first"], "last": default["last"],
+            "gain": round(default["last"] - default["first"], 4)}
 
 
 def seeds(text: str) -> list[int]:
@@ -87,6 +112,8 @@ def summary(name: str, soak: Soak, results: list[dict]) -> str:
     lasts = sorted(r["last"] for r in results if "last" in r)
     held = sum(r["ok"] for r in results)
     bound = (f"last >= {soak.last_min:g}, " if soak.last_min else "") + f"gain >= {soak.gain_min:g}"
+    if name == LORA_RATES:
+        bound = "LoRA's first 50 >= full's - 0.1 at every rate, the default's last 50 too"
     if not lasts:
         return f"{name}: no run finished; holds {held}/{len(results)} ({bound})"
     return (f"{name}: last-{soak.window} reward min {lasts[0]:.3f} / median "
@@ -117,7 +144,10 @@ def main(argv=None) -> int:
         for name in names:
             soak = known[name]
             for seed in seeds(args.seeds):
-                r = run_one(soak, seed, base / f"{name}-s{seed}", args.set)
+                if name == LORA_RATES:
+                    r = lora_rates(base / name, seed, args.set)
+                else:
+                    r = run_one(soak, seed, base / f"{name}-s{seed}", args.set)
                 results.setdefault(name, []).append(r)
                 print(f"{name} seed {seed}: " + ", ".join(f"{k} {v}" for k, v in r.items()
                                                           if k != "seed"), flush=True)

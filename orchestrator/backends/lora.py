@@ -45,10 +45,15 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 SAVED_PREFIX = "base_model.model."           # peft's saved names: a PeftModel's, adapter name dropped
 
 
-def peft_config(lora_cfg, base_path=None):
+def hidden_size(module) -> int:
+    """The model's width, what actor.lora.alpha's default follows."""
+    return int(module.config.hidden_size)
+
+
+def peft_config(lora_cfg, hidden: int, base_path=None):
     from peft import LoraConfig
 
-    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.lora_alpha,
+    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.resolved_alpha(hidden),
                       lora_dropout=lora_cfg.dropout, bias="none",
                       target_modules=lora_cfg.target_modules, task_type="CAUSAL_LM",
                       base_model_name_or_path=base_path)
@@ -60,7 +65,7 @@ def wrap(module, lora_cfg, seed: int, base_path=None):
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         torch.manual_seed(seed)                 # deterministic adapters; the caller's RNG untouched
         warnings.simplefilter("ignore", FutureWarning)   # transformers' deprecations peft calls
-        peft_model = get_peft_model(module, peft_config(lora_cfg, base_path))
+        peft_model = get_peft_model(module, peft_config(lora_cfg, hidden_size(module), base_path))
     assert peft_model.base_model.model is module
     return peft_model
 
@@ -241,10 +246,11 @@ def adapter_from_flat(layout, flat) -> dict[str, torch.Tensor]:
     return {s.name: t for s, t in slot_views(layout, flat)}
 
 
-def signature(lora_cfg) -> dict:
-    """What a checkpoint's adapters must match to be resumed: rank, alpha, target modules."""
+def signature(lora_cfg, module) -> dict:
+    """What a checkpoint's adapters on `module` must match to be resumed: rank, alpha (resolved),
+    target modules."""
     targets = lora_cfg.target_modules
-    return {"rank": lora_cfg.rank, "alpha": lora_cfg.lora_alpha,
+    return {"rank": lora_cfg.rank, "alpha": lora_cfg.resolved_alpha(hidden_size(module)),
             "target_modules": targets if isinstance(targets, str) else sorted(targets)}
 
 

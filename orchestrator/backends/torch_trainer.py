@@ -43,7 +43,8 @@ Contract (TrainerBackend of base.py):
   tokens sampled at `batch.version` (the weights the trainer holds): inference and trainer
   disagreeing on the same weights (a silent weight-load bug, a kernel or dtype mismatch) shows here.
 - LoRA (`actor.lora`, orchestrator.backends.lora): peft adapters on the frozen base (sharded as
-  the full model is); only the adapters take gradients and Adam state. The flat layout stays the
+  the full model is); only the adapters take gradients and Adam state, B at actor.lr x
+  lora.lr_scale and A at that / lora.loraplus_lr_ratio (two Adam groups). The flat layout stays the
   base model's, and what is published into it is base + scaling x B @ A (`lora.MergedSource`), so
   inference loads it as it loads full weights. `adapter_only` (inference.vllm.lora): the flat
   layout is the adapters' own (`lora.adapter_layout`) and what is published is A and B of each
@@ -185,7 +186,7 @@ class TorchTrainer:
         if actor_cfg.lora is not None:                  # adapters on a frozen base (backends.lora)
             from orchestrator.backends import lora
             self.base = {"path": model_cfg.path, "hash": weights_hash(module),
-                         **lora.signature(actor_cfg.lora)}
+                         **lora.signature(actor_cfg.lora, module)}
             self.peft = lora.wrap(module, actor_cfg.lora, seed, model_cfg.path)
             self.adapter_layout = lora.adapter_layout(self.peft)
             if adapter_only:                            # only A and B travel (inference.vllm.lora)
@@ -196,7 +197,7 @@ class TorchTrainer:
         self.model = sharding.share(module.to(self.device), actor_cfg, group)
         self.module = sharding.unwrap(self.model)     # the HF model (its parameters may be shards)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.trained, lr=actor_cfg.lr)
+        self.optimizer = torch.optim.Adam(self._param_groups(), lr=actor_cfg.lr)
         self.steps = 0
         self.ref, self.ref_hash = None, None
         if actor_cfg.kl_ctl > 0:
@@ -244,6 +245,18 @@ class TorchTrainer:
                              f"({getattr(self.module.config, '_attn_implementation', '?')}) does "
                              f"not keep packed sequences apart (max logprob difference "
                              f"{float((got - want).abs().max()):.3g}); turn it off")
+
+    def _param_groups(self) -> list[dict]:
+        """Adam's parameter groups, each with its `lr_scale` (its rate over the schedule's): one
+        group of everything trained; with LoRA, A at lr_scale / loraplus_lr_ratio, then B at
+        lr_scale (the step line's lr is the last group's)."""
+        lora = self.cfg.lora
+        if lora is None:
+            return [{"params": self.trained, "lr_scale": 1.0}]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        return [{"params": [p for n, p in named if ".lora_A." in n],
+                 "lr_scale": lora.lr_scale / lora.loraplus_lr_ratio},
+                {"params": [p for n, p in named if ".lora_A." not in n], "lr_scale": lora.lr_scale}]
 
     def lr_at(self, step: int) -> float:
         """Learning rate for 1-based trainer step `step` (algo.schedule: resume-safe)."""
@@ -361,7 +374,7 @@ class TorchTrainer:
         ref_lp = self._ref_logprobs(parts) if self.ref is not None else None
         lr = self.lr_at(batch.ident)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         self.model.train()
         clip_high = self.cfg.eps_clip_higher if self.cfg.eps_clip_higher is not None else self.cfg.eps_clip
         totals: dict[str, float] = {}
@@ -406,7 +419,8 @@ class TorchTrainer:
         self.steps += 1
         out = {k: v / self.cfg.ppo_epochs for k, v in totals.items()}
         out.update(fixed, tokens=float(n_tok), sequences=float(batch.n), skipped=0.0,
-                   steps=float(self.steps), lr=lr, **mismatch, **kl_first)
+                   steps=float(self.steps), lr=lr * self.optimizer.param_groups[-1]["lr_scale"],
+                   **mismatch, **kl_first)
         return out
 
     def _correction(self) -> Optional[tuple]:
@@ -570,6 +584,11 @@ class TorchTrainer:
         if self.peft is not None:
             from orchestrator.backends import lora
             lora.load_adapter(self.peft, lora.read_adapter(os.path.join(directory, ADAPTER_DIR))[1])
+            groups = len(state["optimizer"]["param_groups"])
+            if groups != len(self.optimizer.param_groups):     # one: written before LoRA+ (#39)
+                raise ValueError(f"checkpoint {directory} holds {groups} optimizer parameter "
+                                 f"group(s), this run's LoRA trains {len(self.optimizer.param_groups)} "
+                                 f"(A and B): resume it with the code that wrote it")
             self.optimizer.load_state_dict(state["optimizer"])
             self._restore(state)
             return

@@ -185,7 +185,7 @@ def test_two_workers_reward_threads_and_the_hard_bound(tmp_path):
 
 
 def test_lora(tmp_path):
-    extra = ("actor.lora.rank=4", "actor.lora.alpha=8", "actor.lr=1e-2")
+    extra = ("actor.lora.rank=4", "actor.lora.alpha=8", "actor.lr=1e-3")
     launch(tmp_path / "a", *extra)
     launch(tmp_path / "b", *extra, jitter=3)
     assert_same_run(tmp_path / "a", tmp_path / "b")

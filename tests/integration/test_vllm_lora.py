@@ -166,7 +166,7 @@ def _launch(run_dir, *args, timeout=600):
         [sys.executable, "-m", "orchestrator.launch", f"run.dir={run_dir}", "run.progress=false",
          "inference.backend=vllm", "actor.backend=torch", f"model.num_heads={HEADS}",
          "actor.lora.rank=8", f"actor.lora.target_modules=[{','.join(TARGETS)}]",
-         "actor.lora.alpha=64", "actor.lr=2e-3", "eval.every_steps=0", *args],
+         "actor.lora.alpha=64", "actor.lr=2e-4", "eval.every_steps=0", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 

@@ -20,10 +20,13 @@ def _refused(*overrides, path=None) -> str:
 def test_unset_is_full_fine_tuning_and_rank_alone_is_enough():
     assert load_config(None, []).actor.lora is None
     lora = load_config(None, ["actor.lora.rank=8"]).actor.lora
-    assert (lora.rank, lora.lora_alpha, lora.dropout, lora.target_modules) == (8, 16.0, 0.0, "all-linear")
+    assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules) == (8, None, 0.0, "all-linear")
+    assert (lora.lr_scale, lora.loraplus_lr_ratio) == (10.0, 16.0)     # the field's rules (#39)
+    # alpha's default follows the width: sqrt(hidden_size), 8 for the built-in 64, 64 at 4096
+    assert (lora.resolved_alpha(64), lora.resolved_alpha(4096)) == (8.0, 64.0)
     lora = load_config(None, ["actor.lora.rank=4", "actor.lora.alpha=8",
                               "actor.lora.target_modules=[q_proj,v_proj]"]).actor.lora
-    assert (lora.lora_alpha, lora.target_modules) == (8.0, ["q_proj", "v_proj"])
+    assert (lora.resolved_alpha(4096), lora.target_modules) == (8.0, ["q_proj", "v_proj"])
 
 
 @pytest.mark.parametrize("overrides, names", [
@@ -31,6 +34,8 @@ def test_unset_is_full_fine_tuning_and_rank_alone_is_enough():
     (["actor.lora.rank=8.0"], "'actor.lora.rank'"),
     (["actor.lora.rank=8", "actor.lora.alpha=0"], "'actor.lora.alpha'"),
     (["actor.lora.rank=8", "actor.lora.dropout=1.0"], "'actor.lora.dropout'"),
+    (["actor.lora.rank=8", "actor.lora.lr_scale=0"], "'actor.lora.lr_scale'"),
+    (["actor.lora.rank=8", "actor.lora.loraplus_lr_ratio=0.5"], "'actor.lora.loraplus_lr_ratio'"),
     (["actor.lora.rank=8", "actor.lora.target_modules=[]"], "'actor.lora.target_modules'"),
     (["actor.lora.rank=8", "actor.lora.target_modules=q_proj"], "'actor.lora.target_modules'"),
     (["actor.lora.rank=8", "actor.lora.target_modules=[q_proj,qkv_proj]"], "qkv_proj"),
