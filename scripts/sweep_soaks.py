@@ -10,7 +10,8 @@ last-10 reward >= 0.8, >= 0.5 above the first 10), `multiturn` (configs/multitur
 run.deterministic=true: last-10 >= 0.57, >= 0.5 above the first 10), and each recipe preset
 `recipe-NAME` (configs/recipes/NAME.yaml with run.deterministic=true, 200 steps, dapo 400: the
 last 50 steps' mean >= 0.3 above the first 50's), `lora` (test_lora_learns: the default job
-with LoRA rank 8 on every linear layer and the head, run.deterministic=true: the same gain), and
+with LoRA rank 8 on every linear layer and the head, run.deterministic=true, 600 steps: the same
+gain), and
 `lora-rates` (scripts/soak_lora_rates.py:
 full fine-tuning and LoRA at 10x / 5x / 2x its rate on a pretrained base; its figures are the
 default LoRA run's first and last 50, and its bound the comparison's). `--set` adds overrides to every run (a variant:
@@ -55,7 +56,8 @@ def soaks() -> dict[str, Soak]:
         out[f"recipe-{path.stem}"] = Soak(str(path.relative_to(ROOT)), 50, 0.0, 0.3,
                                           (f"run.total_steps={steps}", "eval.every_steps=0", *det))
     head = "actor.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
-    out["lora"] = Soak("configs/default.yaml", 50, 0.0, 0.3, (*det, "actor.lora.rank=8", head))
+    out["lora"] = Soak("configs/default.yaml", 50, 0.0, 0.3,
+                       (*det, "run.total_steps=600", "actor.lora.rank=8", head))
     out[LORA_RATES] = Soak("configs/default.yaml", 50, 0.0, 0.0)   # its bound: soak_lora_rates
     return out
 

@@ -158,10 +158,30 @@ def weight_layers(model_dir: str) -> Optional[set[str]]:
     return names if files else None
 
 
+def _say_lora(cfg: Config) -> None:
+    """The rates and the alpha a LoRA run resolved (#39: they differ from actor.lr and from
+    2 x rank), said once at start."""
+    lora, lr = cfg.actor.lora, cfg.actor.lr
+    hidden = cfg.model.hidden_size
+    if cfg.model.path is not None:
+        try:
+            with open(os.path.join(cfg.model.path, "config.json"), "rb") as f:
+                hidden = int(json.loads(f.read().decode("utf-8"))["hidden_size"])
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            hidden = None           # the trainer's model load names what is wrong with it
+    alpha = "" if lora.alpha is not None or hidden is None else (
+        f", alpha {lora.resolved_alpha(hidden):g} (sqrt of hidden_size {hidden})")
+    cfg.say(f"actor.lora: B trains at {lr * lora.lr_scale:g} (actor.lr {lr:g} x lr_scale "
+            f"{lora.lr_scale:g}), A at {lr * lora.lr_scale / lora.loraplus_lr_ratio:g} "
+            f"(/ loraplus_lr_ratio {lora.loraplus_lr_ratio:g}){alpha}")
+
+
 def _check_lora(cfg: Config) -> None:
     """actor.lora.target_modules names layers of model.path's model (the built-in model's names
-    are checked by config)."""
+    are checked by config); the resolved rates and alpha are said."""
     lora = cfg.actor.lora
+    if lora is not None:
+        _say_lora(cfg)
     if lora is None or cfg.model.path is None or not isinstance(lora.target_modules, list):
         return
     try:

@@ -132,6 +132,33 @@ def test_resume_refuses_another_base_rank_or_kind(tmp_path):
         _trainer().load(str(tmp_path / "full"))
 
 
+def test_b_trains_at_lr_scale_and_a_slower_by_the_loraplus_ratio(tmp_path):
+    """#39: two Adam groups, A at actor.lr x lr_scale / loraplus_lr_ratio and B at actor.lr x
+    lr_scale (the step line's lr); Adam's first step moves each parameter by about its rate.
+    A LoRA checkpoint holding one group (written before the groups) is refused naming it."""
+    tr = _trainer(lora={**LORA, "lr_scale": 4.0, "loraplus_lr_ratio": 8.0})
+    b0 = {n: p.detach().clone() for n, p in tr.module.named_parameters() if ".lora_B." in n}
+    _step(tr, 0)                                     # B = 0: A's first gradient is 0
+    stats = _step(tr, 1)
+    assert stats["lr"] == pytest.approx(ACTOR["lr"] * 4.0)
+    lrs = [g["lr"] for g in tr.optimizer.param_groups]
+    assert lrs == pytest.approx([ACTOR["lr"] * 4.0 / 8.0, ACTOR["lr"] * 4.0])
+    named = dict(tr.module.named_parameters())
+    assert {id(p) for p in tr.optimizer.param_groups[0]["params"]} == {
+        id(p) for n, p in named.items() if ".lora_A." in n}
+    step_b = max(float((named[n] - b0[n]).abs().max()) for n in b0)
+    assert ACTOR["lr"] * 4.0 <= step_b <= 2 * ACTOR["lr"] * 4.0 * 1.01   # two steps of ~lr each
+    tr.save(str(tmp_path / "ck"))
+    path = tmp_path / "ck" / "optimizer.pt"
+    state = torch.load(path, weights_only=True)
+    groups = state["optimizer"]["param_groups"]
+    state["optimizer"]["param_groups"] = [{**groups[1], "params": groups[0]["params"] + groups[1]["params"]}]
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"holds 1 optimizer parameter group\(s\), this run's "
+                                         r"LoRA trains 2"):
+        _trainer(lora={**LORA, "lr_scale": 4.0, "loraplus_lr_ratio": 8.0}).load(str(tmp_path / "ck"))
+
+
 # ------------------------------------------------------------------------------- trainer ranks
 
 def _rank(rank, world, port, actor, ckpt, weights_path, out, phase):

@@ -93,3 +93,24 @@ def test_adapter_only_vllm_needs_lora_and_the_vllm_backend():
     assert "inference.vllm.lora=true needs inference.backend=vllm (" in msg and "\n" not in msg
     msg = _refused("inference.vllm.lora=true", path="configs/sim.yaml")
     assert "needs actor.lora and inference.backend=vllm" in msg
+
+
+def test_the_resolved_rates_and_alpha_are_said_at_start(tmp_path):
+    """#39: a LoRA run's rates differ from actor.lr and its alpha follows the width: the launcher
+    says them (`note:`), from the built-in model's hidden_size or model.path's config.json."""
+    import json
+
+    from orchestrator.runtime.preflight import _check_lora
+
+    cfg = load_config(None, ["actor.lora.rank=8", "actor.lr=2e-4"])
+    _check_lora(cfg)
+    assert cfg.said == ["actor.lora: B trains at 0.002 (actor.lr 0.0002 x lr_scale 10), A at "
+                        "0.000125 (/ loraplus_lr_ratio 16), alpha 8 (sqrt of hidden_size 64)"]
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 4096}))
+    cfg = load_config(None, ["actor.lora.rank=8", f"model.path={tmp_path}",
+                             "actor.lora.loraplus_lr_ratio=1"])
+    _check_lora(cfg)
+    assert cfg.said[-1].endswith("A at 0.01 (/ loraplus_lr_ratio 1), alpha 64 (sqrt of hidden_size 4096)")
+    cfg = load_config(None, ["actor.lora.rank=8", "actor.lora.alpha=16"])
+    _check_lora(cfg)
+    assert "alpha" not in cfg.said[-1]
