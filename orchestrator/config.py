@@ -378,7 +378,7 @@ class ActorConfig(_Section):
                     "(actor.heartbeat_timeout_s) (2 s .. 1 day)")
     lora: Optional[LoraConfig] = Field(
         None, description="train LoRA adapters (peft) instead of every weight: {rank, alpha, "
-        "dropout, target_modules}; only the adapters take gradients and optimizer state, "
+        "lr_scale, loraplus_lr_ratio, dropout, target_modules}; only the adapters take gradients and optimizer state, "
         "inference gets base + B x A merged in the usual weight layout, checkpoints hold the "
         "adapters, their optimizer state and the base model's hash (None: full fine-tuning)")
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
@@ -1268,3 +1268,14 @@ def _eval_without_eval_set(data: dict) -> list[str]:
     ev["every_steps"] = 0
     return [f"eval.every_steps={every} with task.dataset and no task.eval_dataset: eval is off "
             f"(set task.eval_dataset to evaluate)"]
+
+
+if __name__ == "__main__":          # python -m orchestrator.config --reference: docs/config.md
+    import sys
+
+    if sys.argv[1:] != ["--reference"]:
+        print("usage: python -m orchestrator.config --reference  (prints the config reference, "
+              "markdown)", file=sys.stderr)
+        sys.exit(2)
+    from orchestrator.config_reference import reference
+    sys.stdout.write(reference())
