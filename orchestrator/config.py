@@ -1278,4 +1278,4 @@ if __name__ == "__main__":          # python -m orchestrator.config --reference:
               "markdown)", file=sys.stderr)
         sys.exit(2)
     from orchestrator.config_reference import reference
-    sys.stdout.write(reference())
+    sys.stdout.write(reference(Config))

@@ -1,8 +1,9 @@
 """The config reference: every key of the typed config (`orchestrator.config.Config`) with its type,
 default, bounds and description, as markdown (issue #36).
 
-Contract: `reference() -> str` is docs/config.md's text, generated from the pydantic models alone
-(no file read, nothing imported beyond the config): one section per top-level key in the
+Contract: `reference(config_cls) -> str` is docs/config.md's text for `config_cls`
+(orchestrator.config.Config, passed in so this module imports no config: config's `__main__`
+calls it), generated from the pydantic models alone (no file read): one section per top-level key in the
 model's field order, a table row per leaf key (dotted name, type, default, bounds, description),
 nested sections (actor.lora, inference.vllm, ...) as sections of their own after their parent's
 rows. `python -m orchestrator.config --reference` prints it; tests/unit/test_config_reference.py
@@ -129,11 +130,9 @@ def _section(key: str, model: type[BaseModel], field=None) -> list[str]:
     return lines
 
 
-def reference() -> str:
-    from orchestrator.config import Config
-
+def reference(config_cls: type[BaseModel]) -> str:
     lines = [HEADER]
-    for name, field in Config.model_fields.items():
+    for name, field in config_cls.model_fields.items():
         model = _section_of(field.annotation)
         if model is not None:
             lines += _section(name, model, field)

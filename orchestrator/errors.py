@@ -6,6 +6,11 @@ from __future__ import annotations
 ENV_HUNG_EXIT = 75      # EX_TEMPFAIL: try again
 
 
+class ChannelError(RuntimeError):
+    """A record between the supervisor and a Ray host (runtime/ray_host.py, ray_weights.py) arrived
+    out of sequence or corrupt."""
+
+
 class RunFailed(RuntimeError):
     """The run cannot continue; `exit_code` is 2 for bad input, 1 otherwise."""
 

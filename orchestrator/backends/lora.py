@@ -263,7 +263,7 @@ def export_merged(trainer_dir: str, config: dict, out: str) -> None:
     from peft import PeftModel
 
     from orchestrator.backends.model import build_model, export_hf
-    from orchestrator.backends.torch_trainer import OPTIM_FILE, RANK_STATE, weights_hash
+    from orchestrator.backends.trainer_files import OPTIM_FILE, RANK_STATE, weights_hash
     from orchestrator.config import ModelConfig
     from orchestrator.data.tokens import load_tokens
 

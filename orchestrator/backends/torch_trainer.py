@@ -68,7 +68,6 @@ Contract (TrainerBackend of base.py):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -85,11 +84,10 @@ from orchestrator.algo.schedule import lr_at
 from orchestrator.data.tokens import load_tokens
 from orchestrator.backends.model import (build_model, export_hf, flat_layout, flat_views, resolve_device,
                                 write_flat_tensor)
+from orchestrator.backends.trainer_files import (  # noqa: F401  (weights_hash: re-exported)
+    ADAPTER_DIR, HF_DIR, MODEL_FILE, OPTIM_FILE, RANK_STATE, RANKS_FILE, weights_hash)
 from orchestrator.config import AlgoConfig
 from shm.codec import Sequences
-
-MODEL_FILE, OPTIM_FILE, HF_DIR, ADAPTER_DIR = "model.safetensors", "optimizer.pt", "hf", "adapter"
-RANKS_FILE, RANK_STATE = "ranks.json", "trainer_state.pt"
 
 
 def pad_batch(batch: Sequences, pad_id: int, rows: Optional[list[int]] = None) -> dict[str, np.ndarray]:
@@ -661,17 +659,6 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.group is not None:
             self.group.close()
-
-
-def weights_hash(module) -> str:
-    """blake2b (hex) of a model's state dict as held: names, dtypes, shapes and bytes, in name
-    order (a tied alias hashes its tensor again)."""
-    h = hashlib.blake2b(digest_size=32)
-    for name, t in sorted(module.state_dict().items()):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def _to_cpu(tree):

@@ -53,6 +53,7 @@ import zlib
 from collections import deque
 from typing import Optional
 
+from orchestrator.errors import ChannelError
 from orchestrator.runtime import scratch
 from orchestrator.runtime.liveness import now_ms
 from orchestrator.runtime.resources import Resources, RingSizes, RunNames, free_resources
@@ -61,10 +62,6 @@ from orchestrator.runtime.worker_base import WorkerSpec
 PULL_BYTES = 64 << 20          # records returned by one exchange (at least one record)
 JOIN_S = 2.0                   # a killed worker is reaped within this
 SERVER_S = 120.0               # the host's fork server imports the workers' modules within this
-
-
-class ChannelError(RuntimeError):
-    """A record between the supervisor and a host arrived out of sequence or corrupt."""
 
 
 class Frames:

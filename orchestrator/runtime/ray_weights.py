@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroupGloo
 
-from orchestrator.runtime.ray_host import ChannelError
+from orchestrator.errors import ChannelError
 
 DATA, DONE, AGAIN = 0x5747_0001, 0x5747_0002, 0x5747_0003
 MAX_ATTEMPTS = 8          # a slot rewritten this often during one send: the link is too slow

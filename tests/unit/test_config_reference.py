@@ -22,11 +22,11 @@ def _keys(model, prefix=""):
 
 def test_the_committed_page_is_what_the_code_generates():
     page = (ROOT / "docs" / "config.md").read_text()
-    assert page == reference(), f"docs/config.md is stale: run {REGENERATE}"
+    assert page == reference(Config), f"docs/config.md is stale: run {REGENERATE}"
 
 
 def test_every_leaf_key_has_a_row_with_its_default_and_bounds():
-    text = reference()
+    text = reference(Config)
     keys = list(_keys(Config))
     assert len(keys) > 150 and "actor.lora.lr_scale" in keys
     for key in keys:
@@ -40,7 +40,7 @@ def test_every_leaf_key_has_a_row_with_its_default_and_bounds():
 def test_the_module_prints_it_and_refuses_other_arguments():
     out = subprocess.run([sys.executable, "-m", "orchestrator.config", "--reference"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout == reference()
+    assert out.returncode == 0 and out.stdout == reference(Config)
     bad = subprocess.run([sys.executable, "-m", "orchestrator.config"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--reference" in bad.stderr and bad.stderr.count("\n") == 1

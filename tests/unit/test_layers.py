@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = [["shm"], ["config", "messages", "errors", "wire"], ["run"], ["data"], ["envs"], ["algo"],
+LAYERS = [["shm"], ["config", "config_reference", "messages", "errors", "wire"], ["run"], ["data"], ["envs"], ["algo"],
           ["observe"], ["loop"], ["runtime", "backends"],
           ["launch", "audit", "export", "report", "inspect", "gate", "__init__"]]
 LEVEL = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
@@ -71,3 +71,89 @@ def test_the_environment_contract_imports_no_environment():
     lazily (it did: base -> lookup -> base, a cycle); envs/registry.py does."""
     assert [m for m in imports(ROOT / "orchestrator/envs/base.py") if m.startswith("orchestrator.envs")] == []
     assert "orchestrator.envs.lookup" in set(imports(ROOT / "orchestrator/envs/registry.py"))
+
+
+def _module_path(module: str):
+    base = ROOT / Path(*module.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def import_graph(root=None) -> dict[str, set[str]]:
+    """module -> the house's modules it imports (at module level or in a function; `from pkg import
+    name` counts as importing pkg.name where that is a module)."""
+    root = root or ROOT
+    graph: dict[str, set[str]] = {}
+    for path in sorted([*(root / "orchestrator").rglob("*.py"), *(root / "shm").rglob("*.py")]):
+        module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+        module = module.removesuffix(".__init__")
+        out = graph.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [n for n in names if _module_path(n)] or [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            out.update(t for t in targets if t.split(".")[0] in ("orchestrator", "shm")
+                       and _module_path(t) and t != module)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    """No two modules import each other, directly or round a longer circle (issue #36), not even
+    lazily inside a function: the shared names live in the room both use."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
+    pkg = tmp_path / "orchestrator" / "backends"
+    pkg.mkdir(parents=True)
+    (tmp_path / "orchestrator" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from orchestrator.backends import b\n")
+    (pkg / "b.py").write_text("def f():\n    from orchestrator.backends.c import g\n")
+    (pkg / "c.py").write_text("import orchestrator.backends.a\n")
+    (tmp_path / "shm").mkdir()
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert cycles(import_graph(tmp_path)) == [["orchestrator.backends.a", "orchestrator.backends.b",
+                                                  "orchestrator.backends.c"]]
+    finally:
+        ROOT = saved
