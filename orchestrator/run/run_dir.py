@@ -6,7 +6,7 @@ batches/step_NNNNNNNN.rec, logs/ (and report/, tensorboard/, wandb/ when those t
 
 `prepare_run_dir(cfg, data)` checks the directory before anything starts and raises `RunDirError` (exit 2,
 one line naming the path or field) when:
-- it is not usable: empty (config.py refuses that first), a file where a directory belongs or the
+- it is not usable: empty (config refuses that first), a file where a directory belongs or the
   reverse, not writable;
 - a fresh start (`run.resume=never`, or `auto` with no committed checkpoint) would begin in a directory that
   holds anything this project does not create (`foreign_entries`: a few of them are named; nothing
