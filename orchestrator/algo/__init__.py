@@ -16,6 +16,8 @@ Modules:
   (the soft punishment added to rewards) and `cut_at_limit(...)` (the completions to filter);
   numpy only.
 - correction: `rollout_correction(...)`: TIS / MIS weights at token, sequence or geometric level.
+- pass_at_k: `pass_at_k(n, c, k)`, the unbiased pass@k estimator (Chen et al. 2021), numerically
+  stable for large n; numpy only (the eval sink reports it).
 - registry: `registrar(table, what)`, the one name -> function registry the modules above share.
 - loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
   trainer's loss before these recipes.
@@ -25,7 +27,7 @@ Modules:
 
 May import torch and numpy only; nothing of the runtime, the loop or the run directory. The torch
 modules load on first use of their names, so `from orchestrator.algo import compute_advantages`
-(or the overlong functions) imports numpy only.
+(or the overlong functions, or pass_at_k) imports numpy only.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import importlib
 
 from orchestrator.algo.advantages import ESTIMATORS, compute_advantages
 from orchestrator.algo.overlong import cut_at_limit, overlong_penalty
+from orchestrator.algo.pass_at_k import pass_at_k
 
 _LAZY = {"agg_loss": "aggregate", "agg_units": "aggregate", "AGG_MODES": "aggregate",
          "policy_loss": "policy", "POLICY_LOSSES": "policy",
@@ -40,7 +43,8 @@ _LAZY = {"agg_loss": "aggregate", "agg_units": "aggregate", "AGG_MODES": "aggreg
          "rollout_correction": "correction", "CORRECTIONS": "correction",
          "CORRECTION_LEVELS": "correction"}
 
-__all__ = ["compute_advantages", "ESTIMATORS", "cut_at_limit", "overlong_penalty", *_LAZY]
+__all__ = ["compute_advantages", "ESTIMATORS", "cut_at_limit", "overlong_penalty", "pass_at_k",
+           *_LAZY]
 
 
 def __getattr__(name: str):

@@ -57,3 +57,17 @@ class EvalConfig(_Section):
     every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="run the eval set every N steps (0: off)")
     temperature: float = Field(1.0, gt=0, description="eval sampling temperature")
     samples_per_prompt: int = Field(1, ge=1, le=65536, description="eval samples per prompt (<= 65536)")
+    pass_k: list[int] = Field(default_factory=list, description="eval lines carry pass@k (the "
+                              "unbiased estimator of Chen et al. 2021; a sample is correct at full "
+                              "reward) and mean@k for each k here, each 1 <= k <= "
+                              "eval.samples_per_prompt (e.g. [1, 8] with samples_per_prompt 8)")
+
+    @model_validator(mode="after")
+    def _pass_k_fits(self) -> "EvalConfig":
+        bad = [k for k in self.pass_k if not 1 <= k <= self.samples_per_prompt]
+        if bad:
+            raise ValueError(f"eval.pass_k {bad} outside 1..eval.samples_per_prompt="
+                             f"{self.samples_per_prompt}: pass@k needs k samples of each prompt")
+        if len(set(self.pass_k)) != len(self.pass_k):
+            raise ValueError(f"eval.pass_k {self.pass_k} repeats a k")
+        return self

@@ -8,7 +8,11 @@ runs one at its last step), after the run's (re)start and while no round is open
 the round. `add(request_id, group)` collects its rollouts (no advantages, no filtering) and, once
 every request of the round has come back, returns one `"kind": "eval"` line: `reward_mean`,
 `accuracy` (the fraction of samples with full reward, >= 1), `samples`, `prompts`,
-`completion_len_mean`."""
+`completion_len_mean`, and for each k of `eval.pass_k`: `pass@k` (the mean over prompts of
+`algo.pass_at_k(n, c, k)`, c the prompt's samples at full reward: the chance that one of k samples
+is right; pass@1 is `accuracy`) and `mean@k` (the expected mean reward of k samples of a prompt,
+averaged over prompts: unbiased from all n samples, so it is the same for every k and equals
+`reward_mean` when every prompt has n samples, as verl's mean@N does)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -16,6 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from orchestrator import messages
+from orchestrator.algo.pass_at_k import pass_at_k
 from shm.codec import Sequences
 
 FULL_REWARD = 1.0
@@ -29,6 +34,7 @@ class EvalSink:
         self.step: Optional[int] = None
         self.expected: set[int] = set()
         self.rewards: list[float] = []
+        self.groups: list[np.ndarray] = []           # each request's rewards (one prompt's samples)
         self.lengths: list[int] = []
         self.prompts = 0
 
@@ -49,6 +55,7 @@ class EvalSink:
             temperature=self.cfg.temperature, eval=True, row=row) for pid, tokens, row in prompts]
         if reqs:
             self.step, self.expected, self.rewards, self.lengths = step, {m.request_id for m in reqs}, [], []
+            self.groups = []
             self.prompts = len(reqs)
         return reqs
 
@@ -58,6 +65,7 @@ class EvalSink:
             return None
         self.expected.discard(request_id)
         self.rewards.extend(float(r) for r in group.rewards)
+        self.groups.append(np.asarray(group.rewards, dtype=np.float64))
         self.lengths.extend(int(group.loss_mask[group.seq(i)].sum()) for i in range(group.n))
         if self.expected:
             return None
@@ -65,5 +73,9 @@ class EvalSink:
         out = {"kind": "eval", "step": self.step, "reward_mean": float(rewards.mean()),
                "accuracy": float((rewards >= FULL_REWARD).mean()), "samples": len(rewards),
                "prompts": self.prompts, "completion_len_mean": float(np.mean(self.lengths))}
+        for k in self.cfg.pass_k:
+            out[f"pass@{k}"] = float(np.mean([pass_at_k(len(g), int((g >= FULL_REWARD).sum()), k)
+                                              for g in self.groups]))
+            out[f"mean@{k}"] = float(np.mean([g.mean() for g in self.groups]))
         self.step = None
         return out
