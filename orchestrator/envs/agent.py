@@ -40,7 +40,7 @@ from orchestrator.data.tokens import completion_text
 from orchestrator.envs.agent_session import Session
 from orchestrator.envs.endpoint import Endpoint
 from orchestrator.envs.pool import EnvPool
-from orchestrator.envs.runner import Ended, EnvError
+from orchestrator.envs.episodes import Ended, EnvError
 
 SWEEP_S = 0.25
 

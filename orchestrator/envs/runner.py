@@ -64,17 +64,16 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from orchestrator.data.reward_pool import REWARD_ERRORS, BadEnvOutput
-from orchestrator.data.tokens import ModelTokens, completion_text
-from orchestrator.envs.base import (BRANCHES, ENV_S, GEN_S, LIMITED, REJECTED, SCALARS, TOOL_CALLS,
-                                    TURNS, TURNS_MAX, ModelTurn, StepResult)
+from orchestrator.data.reward_pool import BadEnvOutput
+from orchestrator.data.tokens import ModelTokens
+from orchestrator.envs.episodes import (ENV_STREAM, Ended, EnvError,  # noqa: F401  (re-exported)
+                                        env_episode, group_record)
 from orchestrator.envs.pool import EnvPool
-from orchestrator.envs.render import AppendError, TooLong, TurnRenderer
+from orchestrator.envs.render import TurnRenderer
 from orchestrator.envs.watch import LoopWatch
 from shm.codec import Sequences
 
 KEY_BASE = 1 << 60          # backend request ids of turns: above any supervisor request id
-ENV_STREAM = (1 << 32) - 1  # keyed env rng: key + (episode, ENV_STREAM), no turn index reaches it
 CLOSE_TIMEOUT_S = 5.0
 
 
@@ -98,13 +97,6 @@ class TurnRequest:
     temperature: float
     eval: bool
     sample_key: tuple = ()       # run.deterministic: the group's key + (episode, turn)
-
-
-class Ended(Exception):
-    """An episode ended by a limit (reason: 'limited' or 'rejected')."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
 
 
 @dataclass
@@ -147,7 +139,7 @@ class EpisodeRunner:
         self.env_cls, self.env_args, self.renderer, self.tokens = env_cls, dict(env_args), renderer, tokens
         self.agent = agent
         self.rows, self.limits, self.name = rows, limits, name
-        self._seeds = np.random.SeedSequence(seed)
+        self.seeds = np.random.SeedSequence(seed)
         self._requests: "queue.SimpleQueue[TurnRequest]" = queue.SimpleQueue()
         self._done: "queue.SimpleQueue[tuple[int, Any]]" = queue.SimpleQueue()
         self._aborts: "queue.SimpleQueue[int]" = queue.SimpleQueue()
@@ -329,7 +321,7 @@ class EpisodeRunner:
         failed = [t.exception() for t in done if t.exception() is not None]
         # BadEnvOutput, or a bug: reported by ready() on the worker's main thread
         self._done.put((g.request_id, failed[0] if failed else
-                        self._sequences(g, [t.result() for t in tasks])))
+                        group_record(g, [t.result() for t in tasks])))
 
     def where(self, g: _Group) -> str:
         kind = "eval row" if g.is_eval else "row"
@@ -405,7 +397,7 @@ class EpisodeRunner:
     async def _episode(self, g: _Group, i: int) -> _Episode:
         ep = _Episode(None, index=i)
         try:
-            body = self._env_episode if self.agent is None else self.agent.episode
+            body = env_episode if self.agent is None else self.agent.episode
             ep.reward = await body(self, g, ep)
         except Ended as end:
             ep.ended, ep.reward = end.reason, 0.0
@@ -429,102 +421,6 @@ class EpisodeRunner:
                     g.ended += 1
         return ep
 
-    async def _env_episode(self, _, g: _Group, ep: _Episode) -> float:
-        """reset -> (turn, step, reply)* -> score: the reward (Ended / EnvError otherwise)."""
-        lim = self.limits
-        try:
-            ep.env = env = self.env_cls(**self.env_args)
-        except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            raise EnvError(f"{self.where(g)}: constructing it with task.env_args raised {why}") from None
-        env.rng = np.random.default_rng([*g.key, ep.index, ENV_STREAM] if g.key
-                                        else self._seeds.spawn(1)[0])
-        env._pool = self.pool
-        row = self.rows(g.is_eval, g.row)
-        history = await self.call(g, ep, "reset()", env.reset, row)
-        try:
-            ep.ids, state = await self.rendered(self.renderer.opening, history,
-                                                getattr(env, "tools", None), lim.max_episode_tokens)
-        except TooLong:
-            raise Ended("limited") from None
-        except (AppendError, TypeError) as exc:
-            raise EnvError(f"{self.where(g)}: reset() returned messages that cannot be "
-                           f"rendered ({exc})") from None
-        history = list(history)
-        ep.prompt_len = len(ep.ids)
-        ep.mask = [0] * len(ep.ids)
-        ep.logprobs = [0.0] * len(ep.ids)
-        ep.versions = [-1] * len(ep.ids)
-        while True:
-            left = lim.max_episode_tokens - len(ep.ids)
-            if ep.turns >= lim.max_turns or left <= 0:
-                raise Ended("limited")
-            ids, lps, vers = await self.generate(g, ep, min(lim.max_new_tokens, left))
-            ep.turns += 1
-            ep.ids += ids
-            ep.mask += [1] * len(ids)
-            ep.logprobs += lps
-            ep.versions += vers
-            stopped = bool(ids) and ids[-1] in self.tokens.stop_ids
-            turn = ModelTurn(completion_text(self.tokens, ids), ids, stopped)
-            history.append({"role": "assistant", "content": turn.text})
-            res = await self.call(g, ep, "step()", env.step, turn)
-            if not isinstance(res, StepResult):
-                raise EnvError(f"{self.where(g)}: step() returned {type(res).__name__}, "
-                               f"not a StepResult")
-            ep.tool_calls += float(res.metrics.get("tool_calls", 0.0))
-            if res.done:
-                break
-            try:
-                reply = await self.rendered(self.renderer.reply, state, history, ids, res.messages,
-                                            lim.max_episode_tokens - len(ep.ids))
-            except TooLong:
-                raise Ended("limited") from None
-            except AppendError:
-                raise Ended("rejected") from None
-            except TypeError as exc:
-                raise EnvError(f"{self.where(g)}: step() returned a bad reply ({exc})") from None
-            if len(ep.ids) + len(reply) > lim.max_episode_tokens:
-                raise Ended("limited")
-            history += res.messages
-            ep.ids += reply
-            ep.mask += [0] * len(reply)
-            ep.logprobs += [0.0] * len(reply)
-            ep.versions += [-1] * len(reply)
-        return self.reward(g, "score()", await self.call(g, ep, "score()", env.score, history))
-
-    def _sequences(self, g: _Group, eps: list[_Episode]) -> Sequences:
-        """The group's record: one sequence per episode, then (training groups) each episode's
-        other branches, each with its episode's reward; an eval group holds the first branches."""
-        seqs = [(e, e) for e in eps]
-        if not g.is_eval:
-            seqs += [(b, e) for e in eps if e.ended != "rejected" for b in e.extra]
-        lens = np.array([len(s.ids) for s, _ in seqs], np.int64)
-        offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-        cat = lambda attr, dt: np.array([x for s, _ in seqs for x in getattr(s, attr)], dt)   # noqa: E731
-        loss_mask, versions = cat("mask", np.uint8), cat("versions", np.int32)
-        live = versions[loss_mask.astype(bool)]
-        scalars = np.zeros(len(SCALARS), np.float64)
-        scalars[REWARD_ERRORS] = sum(e.ended == "error" for e in eps)
-        scalars[TURNS] = sum(e.turns for e in eps)
-        scalars[TURNS_MAX] = max(e.turns for e in eps)
-        scalars[ENV_S] = sum(e.env_s for e in eps)
-        scalars[GEN_S] = sum(e.gen_s for e in eps)
-        scalars[TOOL_CALLS] = sum(e.tool_calls for e in eps)
-        scalars[LIMITED] = sum(e.ended == "limited" for e in eps)
-        scalars[REJECTED] = sum(e.ended == "rejected" for e in eps)
-        scalars[BRANCHES] = len(seqs) - len(eps)
-        return Sequences(
-            kind=1 if g.is_eval else 0, ident=g.request_id, version=int(live.min()) if live.size else -1,
-            offsets=offsets, prompt_lens=np.array([s.prompt_len for s, _ in seqs], np.int32),
-            prompt_ids=np.full(len(seqs), g.prompt_id, np.int64), tokens=cat("ids", np.int32),
-            logprobs=cat("logprobs", np.float32), versions=versions, loss_mask=loss_mask,
-            rewards=np.array([e.reward for _, e in seqs], np.float32),
-            advantages=np.zeros(len(seqs), np.float32), scalars=scalars)
-
-
-class EnvError(Exception):
-    """An environment call raised or returned something unusable (one line, names env and row)."""
 
 
 def _drain(q: "queue.SimpleQueue") -> list:
