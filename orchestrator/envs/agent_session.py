@@ -55,69 +55,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.data.tokens import completion_text
 from orchestrator.envs.base import MAX_BRANCHES
+from orchestrator.envs.branches import Branch, Point, _Prompt
 from orchestrator.envs.openai_api import ApiError, Turn, messages
 from orchestrator.envs.render import AppendError, TooLong
 from orchestrator.envs.tool_parser import parse_tool_calls
 
 CLOSE_S = 2.0           # aclose(): calls in flight get this long to take their turns back
-
-
-@dataclass
-class Point:
-    """Where a branch can be forked: its first `n` ids and first `k` messages; `turn_ids` set after
-    a model turn (then `state` is the renderer's state before that turn's text), None before one."""
-    n: int
-    k: int
-    state: object
-    turn_ids: Optional[list[int]] = None
-
-
-@dataclass
-class _Prompt:
-    """A turn's prompt as `EpisodeRunner.generate` takes it (it adds the turn's time to gen_s)."""
-    ids: list
-    gen_s: float = 0.0
-    index: int = 0          # its episode's place in the group
-    asked: int = 0
-
-
-@dataclass
-class Branch:
-    ids: list = field(default_factory=list)
-    mask: list = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    versions: list = field(default_factory=list)
-    prompt_len: int = 0
-    state: object = None                 # the renderer's state (chat)
-    history: list = field(default_factory=list)    # the conversation as rendered (turns: raw text)
-    returned: dict = field(default_factory=dict)   # history index -> the assistant message returned
-    turn_ids: list = field(default_factory=list)   # the last turn's sampled ids
-    points: list = field(default_factory=list)
-    busy: bool = False                   # a call of it is in flight
-    undo: tuple = ()                     # what its call in flight takes back if it fails
-    reserve: int = 0                     # the most tokens its turn in flight may add
-
-    def append(self, ids, mask: int, logprobs=None, versions=None) -> None:
-        self.ids += ids
-        self.mask += [mask] * len(ids)
-        self.logprobs += [0.0] * len(ids) if logprobs is None else logprobs
-        self.versions += [-1] * len(ids) if versions is None else versions
-
-    def cut(self, n: int) -> None:
-        del self.ids[n:], self.mask[n:], self.logprobs[n:], self.versions[n:]
-        self.points = [p for p in self.points if p.n <= n]
-
-    def fork(self, p: Point) -> "Branch":
-        k = p.k
-        return Branch(self.ids[:p.n], self.mask[:p.n], self.logprobs[:p.n], self.versions[:p.n],
-                      self.prompt_len, p.state, self.history[:k],
-                      {i: m for i, m in self.returned.items() if i < k},
-                      list(p.turn_ids or []), [q for q in self.points if q.n <= p.n])
 
 
 class Session:

@@ -115,7 +115,7 @@ class _Episode:
     tool_calls: float = 0.0
     reward: float = 0.0
     ended: Optional[str] = None          # limited / rejected / error
-    extra: list = field(default_factory=list)   # an agent episode's other branches (agent_session.Branch)
+    extra: list = field(default_factory=list)   # an agent episode's other branches (branches.Branch)
 
 
 @dataclass
