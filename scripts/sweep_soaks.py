@@ -68,7 +68,8 @@ LORA_RATES = "lora-rates"
 def lora_rates(runs: Path, seed: int, extra: list[str]) -> dict:
     """The `lora-rates` soak on one seed (soak_lora_rates.compare), as a run_one result: first and
     last are the default LoRA run's, and the per-run figures ride along."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from scripts.soak_lora_rates import RATES, compare
 
     try:
