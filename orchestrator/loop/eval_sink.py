@@ -33,7 +33,6 @@ class EvalSink:
         self.start_step = self.last = start_step     # last: the version of the last round opened
         self.step: Optional[int] = None
         self.expected: set[int] = set()
-        self.rewards: list[float] = []
         self.groups: list[np.ndarray] = []           # each request's rewards (one prompt's samples)
         self.lengths: list[int] = []
         self.prompts = 0
@@ -54,8 +53,7 @@ class EvalSink:
             n=self.cfg.samples_per_prompt, max_new_tokens=self.max_new_tokens,
             temperature=self.cfg.temperature, eval=True, row=row) for pid, tokens, row in prompts]
         if reqs:
-            self.step, self.expected, self.rewards, self.lengths = step, {m.request_id for m in reqs}, [], []
-            self.groups = []
+            self.step, self.expected, self.groups, self.lengths = step, {m.request_id for m in reqs}, [], []
             self.prompts = len(reqs)
         return reqs
 
@@ -64,12 +62,11 @@ class EvalSink:
         if request_id not in self.expected:
             return None
         self.expected.discard(request_id)
-        self.rewards.extend(float(r) for r in group.rewards)
         self.groups.append(np.asarray(group.rewards, dtype=np.float64))
         self.lengths.extend(int(group.loss_mask[group.seq(i)].sum()) for i in range(group.n))
         if self.expected:
             return None
-        rewards = np.asarray(self.rewards, dtype=np.float64)
+        rewards = np.concatenate(self.groups)
         out = {"kind": "eval", "step": self.step, "reward_mean": float(rewards.mean()),
                "accuracy": float((rewards >= FULL_REWARD).mean()), "samples": len(rewards),
                "prompts": self.prompts, "completion_len_mean": float(np.mean(self.lengths))}
