@@ -61,6 +61,13 @@ def check_machine(cfg: Config, prompt_tokens: Optional[int] = None) -> None:
 
 # ------------------------------------------------------------------------------------ context
 
+def _model_json(cfg: Config) -> dict:
+    """model.path's config.json, parsed (OSError, UnicodeDecodeError or ValueError where it cannot
+    be read; each caller says what that means for it)."""
+    with open(os.path.join(cfg.model.path, "config.json"), "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
 def model_context(cfg: Config) -> tuple[int, str]:
     """(context length in tokens, the field it comes from) of the inference engine's model."""
     if cfg.inference.backend == "vllm" and cfg.inference.vllm.max_model_len:
@@ -69,8 +76,7 @@ def model_context(cfg: Config) -> tuple[int, str]:
         return cfg.model.max_seq_len, "model.max_seq_len"
     path = os.path.join(cfg.model.path, "config.json")
     try:
-        with open(path, "rb") as f:
-            n = json.loads(f.read().decode("utf-8")).get("max_position_embeddings")
+        n = _model_json(cfg).get("max_position_embeddings")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"invalid config field 'model.path': cannot read {path} "
                           f"({type(exc).__name__})") from None
@@ -108,8 +114,7 @@ def _check_engine(cfg: Config) -> None:
     else:
         path = os.path.join(cfg.model.path, "config.json")
         try:
-            with open(path, "rb") as f:
-                c = json.loads(f.read().decode("utf-8"))
+            c = _model_json(cfg)
             shape = SimpleNamespace(hidden_size=int(c["hidden_size"]),
                                     num_attention_heads=int(c["num_attention_heads"]),
                                     head_dim=c.get("head_dim"))
@@ -165,8 +170,7 @@ def _say_lora(cfg: Config) -> None:
     hidden = cfg.model.hidden_size
     if cfg.model.path is not None:
         try:
-            with open(os.path.join(cfg.model.path, "config.json"), "rb") as f:
-                hidden = int(json.loads(f.read().decode("utf-8"))["hidden_size"])
+            hidden = int(_model_json(cfg)["hidden_size"])
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
             hidden = None           # the trainer's model load names what is wrong with it
     alpha = "" if lora.alpha is not None or hidden is None else (
