@@ -31,14 +31,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.backends import lora  # noqa: E402
+from orchestrator.backends.batch_tensors import token_logprobs  # noqa: E402
 from orchestrator.backends.model import build_model  # noqa: E402
 from orchestrator.config import LoraConfig, ModelConfig, default_lora_alpha  # noqa: E402
 from orchestrator.data.tokens import VOCAB  # noqa: E402
 
 
 def logprobs(model, ids):
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    """The trainer's token logprobs of every token after the first (temperature 1)."""
+    return token_logprobs(model, {"ids": ids, "attn": torch.ones_like(ids)}, 1.0)[:, 1:]
 
 
 def policy_change(width: int, seed: int, lr: float, steps: int, rank=None, alpha=None) -> float:
