@@ -63,10 +63,7 @@ def _type_text(annotation) -> str:
 
 def _default_text(field) -> str:
     if field.default_factory is not None:
-        try:
-            value = field.default_factory()
-        except TypeError:
-            return "(computed)"
+        value = field.default_factory()
         if isinstance(value, BaseModel):
             return "(section defaults)"
     elif field.default is PydanticUndefined:

@@ -73,8 +73,8 @@ def test_the_environment_contract_imports_no_environment():
     assert "orchestrator.envs.lookup" in set(imports(ROOT / "orchestrator/envs/registry.py"))
 
 
-def _module_path(module: str):
-    base = ROOT / Path(*module.split("."))
+def _module_path(module: str, root: Path):
+    base = root / Path(*module.split("."))
     for p in (base.with_suffix(".py"), base / "__init__.py"):
         if p.is_file():
             return p
@@ -93,13 +93,13 @@ def import_graph(root=None) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [f"{node.module}.{a.name}" for a in node.names]
-                targets = [n for n in names if _module_path(n)] or [node.module]
+                targets = [n for n in names if _module_path(n, root)] or [node.module]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
                 continue
             out.update(t for t in targets if t.split(".")[0] in ("orchestrator", "shm")
-                       and _module_path(t) and t != module)
+                       and _module_path(t, root) and t != module)
     return graph
 
 
@@ -150,13 +150,8 @@ def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
     (pkg / "b.py").write_text("def f():\n    from orchestrator.backends.c import g\n")
     (pkg / "c.py").write_text("import orchestrator.backends.a\n")
     (tmp_path / "shm").mkdir()
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert cycles(import_graph(tmp_path)) == [["orchestrator.backends.a", "orchestrator.backends.b",
-                                                  "orchestrator.backends.c"]]
-    finally:
-        ROOT = saved
+    assert cycles(import_graph(tmp_path)) == [["orchestrator.backends.a", "orchestrator.backends.b",
+                                              "orchestrator.backends.c"]]
 
 
 MAX_LINES = 450                 # issue #36: no source file past ~450 lines
