@@ -55,8 +55,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts.kill_resume_launches import (  # noqa: E402
-    PHASES, FORCED, DRAIN_EXIT, CKPT_POLL_S, _STEP_DIR, latest_name, _step_of, ckpt_state,
-    _segments_of, _tail, DirEvents, Pinned, spin_until, _spin, check, Launch, launch, wait,
+    PHASES, FORCED, DRAIN_EXIT, CKPT_POLL_S, latest_name, _step_of, ckpt_state,
+    _segments_of, _tail, DirEvents, CheckpointMoment, Pinned, spin_until, _spin, check, Launch, launch, wait,
     reap, kill_group)
 
 # ---------------------------------------------------------------------------------------- rounds
@@ -228,57 +228,23 @@ class Soak:
         ev = DirEvents.open(ckdir)
         rec["watch"] = "inotify" if ev is not None else "poll"
         base = ckpt_state(self.run_dir)      # stale names (a resume has cleaned up by now)
-        seen = {}
         pinned = Pinned(ln.pid) if mode == "renamed" and ev is not None else None
         if pinned is not None:
             rec["spin"] = pinned.ok
 
-        def by_event():
-            for mask, name in ev.take():
-                if mode == "partial" and mask & ev.IN_CREATE and name.endswith(".partial"):
-                    seen["what"] = "partial"
-                elif mode == "renamed" and mask & ev.IN_MOVED_TO and _STEP_DIR.match(name):
-                    seen["what"] = "renamed_before_latest"
-                elif mask & ev.IN_MOVED_TO and name == "latest":
-                    seen["what"] = "latest_changed"
-                else:
-                    continue
-                return True
-            return False
-
-        def by_poll():
-            st = ckpt_state(self.run_dir)
-            new_dirs = [k for k in st["committed"] if k not in base["committed"]]
-            if mode == "partial" and set(st["partials"]) - set(base["partials"]):
-                seen["what"] = "partial"
-            elif mode == "renamed" and max(new_dirs, default=-1) > _step_of(st["latest"]):
-                seen["what"] = "renamed_before_latest"
-            elif st["latest"] != base["latest"]:
-                seen["what"] = "latest_changed"
-            else:
-                return False
-            return True
-
-        def renamed(mask, name):
-            if mask & DirEvents.IN_MOVED_TO and _STEP_DIR.match(name):
-                seen["what"] = "renamed_before_latest"
-            elif mask & DirEvents.IN_MOVED_TO and name == "latest":
-                seen["what"] = "latest_changed"
-            else:
-                return False
-            return True
+        moment = CheckpointMoment(self.run_dir, mode, base)
 
         try:
             if pinned is not None and pinned.ok:
-                how = spin_until(ln, ev, renamed, self.args.hang_timeout)
+                how = spin_until(ln, ev, moment.renamed, self.args.hang_timeout)
                 if how == "killed":
                     self._kill(ln, rec, where, sent=True)
                     how = "event"
             elif ev is not None:
-                how = wait(ln, until=by_event, hang_s=self.args.hang_timeout, poll_s=0.02,
+                how = wait(ln, until=lambda: moment.by_event(ev), hang_s=self.args.hang_timeout, poll_s=0.02,
                            sleep=ev.sleep)
             else:
-                how = wait(ln, until=by_poll, hang_s=self.args.hang_timeout, poll_s=CKPT_POLL_S,
+                how = wait(ln, until=moment.by_poll, hang_s=self.args.hang_timeout, poll_s=CKPT_POLL_S,
                            metrics_every=0.05)
         finally:
             if ev is not None:
@@ -287,7 +253,7 @@ class Soak:
                 pinned.close()
         if not self._outcome(ln, how, rec, where, "waiting for a checkpoint"):
             return
-        delay = {"partial": 0.003, "renamed_before_latest": 0.0}.get(seen["what"], 0.005)
+        delay = {"partial": 0.003, "renamed_before_latest": 0.0}.get(moment.seen, 0.005)
         delay = self.rng.uniform(0.0, delay)
         if not rec["killed"]:
             _spin(delay)
@@ -295,7 +261,7 @@ class Soak:
                 self._exited(ln, rec, where)
                 return
             self._kill(ln, rec, where)
-        rec["seen"], rec["delay_s"] = seen["what"], round(delay, 4)
+        rec["seen"], rec["delay_s"] = moment.seen, round(delay, 4)
         state = ckpt_state(self.run_dir)           # what the kill left on disk
         rec["state_at_kill"] = {"partials": state["partials"], "latest": state["latest"],
                                 "newest_dir": max(state["committed"], default=None)}

@@ -4,7 +4,7 @@ Contract: `launch(config, run_dir, overrides, err_path) -> Launch` starts `pytho
 orchestrator.launch` in its own process group (FORCED overrides last); `wait`, `reap` and
 `kill_group` bound every wait on it and clean up its group; `DirEvents` reports file-system moments
 in a run directory (inotify via ctypes, else polling every CKPT_POLL_S) and `spin_until` busy-reads
-them for a match or a hang; `Pinned` pins this process to one CPU and the supervisor to the others;
+them for a match or a hang; `CheckpointMoment` matches the moment of a commit a kill aims at; `Pinned` pins this process to one CPU and the supervisor to the others;
 `check(run_dir, pids, final)` decodes the run's step lines and batches and returns the checks the
 soak's JSON verdict carries (steps contiguous, prompts exactly once, the bound kept on resume, no
 /dev/shm entry left).
@@ -156,6 +156,51 @@ class Pinned:
                 os.sched_setaffinity(0, self.mine)
             except OSError:
                 pass
+
+
+class CheckpointMoment:
+    """Which moment of a checkpoint's commit a kill aims at (`mode`: "partial", "renamed" or
+    "after_latest"), matched from DirEvents (`by_event`, `renamed` for `spin_until`) or by polling
+    `ckpt_state` against `base`, the state before it; `seen` names the moment that matched."""
+
+    def __init__(self, run_dir: str, mode: str, base: dict):
+        self.run_dir, self.mode, self.base = run_dir, mode, base
+        self.seen: Optional[str] = None
+
+    def by_event(self, ev: "DirEvents") -> bool:
+        for mask, name in ev.take():
+            if self.mode == "partial" and mask & ev.IN_CREATE and name.endswith(".partial"):
+                self.seen = "partial"
+            elif self.mode == "renamed" and mask & ev.IN_MOVED_TO and _STEP_DIR.match(name):
+                self.seen = "renamed_before_latest"
+            elif mask & ev.IN_MOVED_TO and name == "latest":
+                self.seen = "latest_changed"
+            else:
+                continue
+            return True
+        return False
+
+    def by_poll(self) -> bool:
+        st, base = ckpt_state(self.run_dir), self.base
+        new_dirs = [k for k in st["committed"] if k not in base["committed"]]
+        if self.mode == "partial" and set(st["partials"]) - set(base["partials"]):
+            self.seen = "partial"
+        elif self.mode == "renamed" and max(new_dirs, default=-1) > _step_of(st["latest"]):
+            self.seen = "renamed_before_latest"
+        elif st["latest"] != base["latest"]:
+            self.seen = "latest_changed"
+        else:
+            return False
+        return True
+
+    def renamed(self, mask: int, name: str) -> bool:
+        if mask & DirEvents.IN_MOVED_TO and _STEP_DIR.match(name):
+            self.seen = "renamed_before_latest"
+        elif mask & DirEvents.IN_MOVED_TO and name == "latest":
+            self.seen = "latest_changed"
+        else:
+            return False
+        return True
 
 
 def spin_until(ln: "Launch", ev: DirEvents, match: Callable[[int, str], bool], hang_s: float) -> str:

@@ -1,7 +1,9 @@
 """The supervisor's event thread and its components: every decision about prompts, rollouts and
 versions is made here, on one thread, from messages and counters.
 
-- `event_loop`: one turn = admit -> dispatch -> collect -> stamp -> sinks -> ship hold -> trainer.
+- `event_loop`: one turn = admit -> dispatch -> collect -> stamp -> sinks -> ship hold -> trainer;
+  its checkpoint requests and resume reuse (`loop_checkpoints`) and its side of a worker's death
+  and restart (`worker_events`) are mixins of its class; `checkpoints` keeps the commit book.
 - `gate`: admission by AReaL's staleness formula (`StalenessGate`, also `orchestrator.gate`).
 - `dispatcher`: admitted prompts to inference workers, per-worker control outbox, pause/resume.
 - `age_bound`: the hard bound on every trained token's head age (`rollout.max_observed_offpolicyness`).

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from orchestrator import messages
-from orchestrator.run import checkpoint
-from orchestrator.loop.checkpoints import CheckpointBook, reusable
+from orchestrator.loop.checkpoints import CheckpointBook
+from orchestrator.loop.loop_checkpoints import LoopCheckpoints
+from orchestrator.loop.worker_events import WorkerEvents
 from orchestrator.loop.step_lines import StepLines
 from orchestrator.loop.age_bound import AgeBound, enforce
 from orchestrator.wire import recv, send
@@ -59,7 +60,7 @@ class Parked:
     since: float
 
 
-class EventLoop:
+class EventLoop(LoopCheckpoints, WorkerEvents):
     def __init__(self, cfg: Config, run_dir: str, res, task, metrics: MetricsLog,
                  start_step: int = 0, cursor: Optional[PromptCursor] = None, resumed: bool = False):
         self.cfg, self.run_dir, self.res, self.metrics = cfg, run_dir, res, metrics
@@ -144,44 +145,6 @@ class EventLoop:
             self.ckpts.saved(msg.step, self.steps.written)
         elif isinstance(msg, messages.Ready) and msg.role == "inference":
             self._revive(msg.index)
-
-    # ------------------------------------------------------------------ worker lifecycle
-    def worker_lost(self, i: int) -> None:
-        """An inference worker died: its in-flight prompts go back to the front of the in-queue."""
-        q = self.cursor.quarantine
-        for m in self.dispatcher.mark_dead(i):
-            if self.bound is not None:
-                self.bound.forget(m.request_id)
-            if not m.eval:
-                self.gate.on_aborted()
-                if q is not None and q.holds(m.row):    # not redone: skipped, as the cursor would
-                    index = self.request_index.pop(m.request_id, None)
-                    if index is not None:
-                        q.skip(index, m.prompt_id)
-                    self._forget(m.request_id)
-                    continue
-                self.gate.on_enqueued()
-                self.redispatched.add(m.request_id)
-            self.dispatcher.enqueue(m, front=True)
-        if self.bound is not None:
-            self.bound.worker_lost(i)
-        if self.watcher.forget_worker(i) is not None:
-            self._on_synced()
-
-    def replace_worker_rings(self, i: int, req, out, ctl) -> None:
-        self.res.inference_req[i] = self.dispatcher.rings[i] = req
-        self.res.inference_out[i] = out
-        self.res.inference_ctl[i] = ctl
-
-    def _revive(self, i: int) -> None:
-        """A restarted worker is ready: load the latest published weights first, then serve."""
-        version = self.counter.get()
-        if self.res.weights.latest_version() >= 0 or version > 0:
-            self.dispatcher.control(i, messages.LoadWeights(version=version))
-        if self.bound is not None:            # a fresh process serves from exactly this version
-            self.bound.restarted(i, version)
-        self.dispatcher.live[i] = True
-        log.info("inference worker %d back in rotation", i)
 
     def _on_rollout(self, raw) -> None:
         group = decode(raw)
@@ -424,17 +387,6 @@ class EventLoop:
                 "weight_sync_s": self.watcher.last_sync_s,
                 **(self.bound.take_counts() if self.bound is not None else {})}
 
-    def _checkpoint_when_ready(self) -> None:
-        """run.deterministic: request the deferred checkpoint once `checkpoint_ready`."""
-        d = self.det
-        if d is None or d.ckpt_due is None:
-            return
-        if self.stop_requested:
-            d.ckpt_due = None                 # a drain takes its own checkpoint
-        elif d.schedule.checkpoint_ready(d.ckpt_due, self.built):
-            step, d.ckpt_due = d.ckpt_due, None
-            self.request_checkpoint(step)
-
     def watch(self) -> None:
         self._checkpoint_when_ready()
         d = self.lockstep      # deterministic: no reload until every batch of this version is built
@@ -450,47 +402,6 @@ class EventLoop:
                 self.bound.weights_sent(self.live_workers(), target)
             if self.watcher.target is None:      # committed at once (no live workers)
                 self._on_synced()
-
-    # ------------------------------------------------------------------ checkpoints
-    def request_checkpoint(self, step: int) -> None:
-        if self.det is None:
-            finished = [g for p in self.parked for g in p.info.parts] + list(self.sink.pending)
-        else:      # deterministic: what dynamic sampling kept out too, each where it was fed
-            finished = [g for p in self.parked for g in p.info.filtered + p.info.parts] \
-                + self.sink.filtered + list(self.sink.pending)
-        redo = sorted(set(self.request_index.values()))
-        q = self.cursor.quarantine            # its skips not yet in a trained step: redone too
-        self.ckpts.request(step, {
-            "gate": self.gate.state_dict(), "cursor": self.cursor.cursor,
-            "redo": redo + list(self.cursor.redo) + (q.unconsumed() if q is not None else []),
-            "seed": self.cfg.run.seed, "data": self.task.identity,
-            "config": self.cfg.model_dump(mode="json"),
-            **({"quarantine": q.state_dict()} if q is not None else {})},
-            [(self.request_index[g.ident], g) for g in finished])
-
-    def reuse_rollouts(self, ckpt_dir: str, state: dict) -> None:
-        """After `on_version_recovered`: finished-but-untrained rollouts saved with the checkpoint
-        go straight to the sink when their head is within the bound (`checkpoints.reusable`) and
-        the gate has room; the rest are regenerated. A deterministic run resumed from a
-        deterministic run's checkpoint feeds every one, in the saved order."""
-        finished = checkpoint.load_finished(ckpt_dir, state)
-        version, r = self.counter.get(), self.cfg.rollout
-        redo = []
-        saved_det = bool(state.get("config", {}).get("run", {}).get("deterministic"))
-        for index, part in finished:     # deterministic: each, as it was fed (loop.lockstep)
-            if (self.det is not None and saved_det) or (
-                    reusable(part, version, r.max_head_offpolicyness, self.episode_tokens,
-                             r.max_new_tokens) and self.gate.capacity() > 0):
-                part.ident = self._new_request(index)
-                self.gate.on_enqueued()
-                self.gate.on_submitted()
-                self.gate.on_accepted()
-                self._to_sink(part)
-                self.reused += 1
-            else:
-                redo.append(index)
-        self.cursor.redo = deque(sorted(set(self.cursor.redo) - {i for i, _ in finished} | set(redo)))
-        log.info("reused %d of %d finished rollouts from %s", self.reused, len(finished), ckpt_dir)
 
     # ------------------------------------------------------------------ main
     def finished(self) -> bool:
