@@ -13,8 +13,8 @@
 #   passed to pip too). Torch, vLLM and triton are constrained out (`<0`), so nothing can pull them,
 #   and the folder is checked to hold no torch, nvidia-*, triton or vllm wheel.
 # - Left out, so that the folder fits 64 MiB: the optional sinks and plots of the `test` extra
-#   (matplotlib, tensorboard, wandb: about 60 MiB more, and Ray, 70 MiB; the gpu tests and the default job run
-#   without them, their tests skip) and, by default, numpy and pyarrow (--assume: pip resolves them,
+#   (matplotlib, tensorboard, wandb: about 60 MiB more, Ray, 70 MiB, mkdocs for the docs build; the
+#   gpu tests and the default job run without them, their tests skip) and, by default, numpy and pyarrow (--assume: pip resolves them,
 #   then their wheels are removed). pyarrow alone is 52 MiB and numpy 15 MiB, which together exceed
 #   the cap; the default job needs both (datasets, through the digits task). A CUDA torch image
 #   carries them as a rule (this workplace's H200 image does); scripts/gpu_check.sh checks that the
@@ -29,7 +29,7 @@ set -euo pipefail
 
 CAP_MIB=64
 FORBIDDEN='^(torch|nvidia_|triton|vllm)'             # normalized wheel-name prefixes
-SINKS='matplotlib|tensorboard|wandb|peft|ray'        # test-extra entries the GPU check goes without
+SINKS='matplotlib|tensorboard|wandb|peft|ray|mkdocs|mkdocs-material'   # test-extra entries the GPU check goes without
                                                      # (peft requires torch: it cannot resolve beside it)
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 

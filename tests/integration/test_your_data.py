@@ -123,12 +123,12 @@ def test_user_model_data_and_reward_end_to_end(hf_model_dir, tmp_path, monkeypat
     assert (step3 / "config.json").exists() and (step3 / "tokenizer.json").exists()
 
 
-def test_readme_first_command_runs_as_pasted(hf_model_dir, tmp_path):
-    """The README's first command on your own data, on top of the embedded default job (its
+def test_your_data_page_command_runs_as_pasted(hf_model_dir, tmp_path):
+    """The your-data page's command for your own HF model, on top of the embedded default job (its
     task.name=copy2 and eval.every_steps=200): your data replaces the built-in task, and eval
     without an eval set is off with one warning line instead of exit 2."""
-    readme = (ROOT / "README.md").read_text()
-    line = next(l for l in readme.splitlines()
+    page = (ROOT / "docs" / "your-data.md").read_text()
+    line = next(l for l in page.splitlines()
                 if l.startswith("python -m orchestrator.launch model.path="))
     rows = [{"question": f"What is {i} plus {i}? Answer after ####.", "answer": f"#### {2 * i}"}
             for i in range(12)]
