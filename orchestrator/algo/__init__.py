@@ -18,6 +18,10 @@ Modules:
 - correction: `rollout_correction(...)`: TIS / MIS weights at token, sequence or geometric level.
 - pass_at_k: `pass_at_k(n, c, k)`, the unbiased pass@k estimator (Chen et al. 2021), numerically
   stable for large n; numpy only (the eval sink reports it).
+- critic: `compute_gae(token_rewards, values, mask, gamma, lam) -> (advantages, returns)` (GAE,
+  carried across unmasked tokens, advantages whitened over the mask),
+  `value_loss(vpreds, returns, old_values, mask, clip_range, agg_mode) -> (loss, clip_fraction)`
+  (PPO's clipped value loss) and `explained_variance(values, returns, mask)`.
 - registry: `registrar(table, what)`, the one name -> function registry the modules above share.
 - loss: AReaL's decoupled PPO objective and the standard clip (`ppo_loss`, `masked_mean`), the
   trainer's loss before these recipes.
@@ -41,7 +45,8 @@ _LAZY = {"agg_loss": "aggregate", "agg_units": "aggregate", "AGG_MODES": "aggreg
          "policy_loss": "policy", "POLICY_LOSSES": "policy",
          "kl_penalty": "kl", "KL_ESTIMATORS": "kl",
          "rollout_correction": "correction", "CORRECTIONS": "correction",
-         "CORRECTION_LEVELS": "correction"}
+         "CORRECTION_LEVELS": "correction",
+         "compute_gae": "critic", "value_loss": "critic", "explained_variance": "critic"}
 
 __all__ = ["compute_advantages", "ESTIMATORS", "cut_at_limit", "overlong_penalty", "pass_at_k",
            *_LAZY]

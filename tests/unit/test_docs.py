@@ -102,3 +102,13 @@ def test_troubleshooting_rows_give_their_exit_code_and_message(monkeypatch, tmp_
         assert rc == code and len(lines) == 1 and re.match(pattern, lines[0]), (overrides, err.getvalue())
         if overrides == launch_args(first.command)[0]:
             assert rc == first.exit_code and lines == first.prints
+
+
+def test_every_top_level_entry_module_is_in_the_layout_page():
+    """The thin top-level modules earn their place as documented `python -m` entry points."""
+    page = (DOCS / "layout.md").read_text()
+    rows = set(re.findall(r"`python -m orchestrator\.(\w+)", page))
+    mains = {p.stem for p in (ROOT / "orchestrator").glob("*.py")
+             if 'if __name__ == "__main__"' in p.read_text()}
+    mains |= {p.parent.name for p in (ROOT / "orchestrator").glob("*/__main__.py")}
+    assert mains == rows
