@@ -30,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +42,8 @@ class Soak:
     last_min: float            # the window's mean at the end must reach this (0: no such bound)
     gain_min: float            # and exceed the first window's by this
     overrides: tuple = field(default_factory=tuple)
+    runner: Optional[Callable[[Path, int, list], dict]] = None   # a soak of several launches
+    bound: Optional[str] = None                                   # its bound, said in words
 
     def holds(self, first: float, last: float) -> bool:
         return last >= self.last_min and last - first >= self.gain_min
@@ -58,11 +61,10 @@ def soaks() -> dict[str, Soak]:
     head = "actor.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
     out["lora"] = Soak("configs/default.yaml", 50, 0.0, 0.3,
                        (*det, "run.total_steps=600", "actor.lora.rank=8", head))
-    out[LORA_RATES] = Soak("configs/default.yaml", 50, 0.0, 0.0)   # its bound: soak_lora_rates
+    out["lora-rates"] = Soak("configs/default.yaml", 50, 0.0, 0.0, runner=lora_rates,
+                             bound="LoRA's first 50 >= full's - 0.1 at every rate, the default's "
+                                   "last 50 too")
     return out
-
-
-LORA_RATES = "lora-rates"
 
 
 def lora_rates(runs: Path, seed: int, extra: list[str]) -> dict:
@@ -115,8 +117,7 @@ def summary(name: str, soak: Soak, results: list[dict]) -> str:
     lasts = sorted(r["last"] for r in results if "last" in r)
     held = sum(r["ok"] for r in results)
     bound = (f"last >= {soak.last_min:g}, " if soak.last_min else "") + f"gain >= {soak.gain_min:g}"
-    if name == LORA_RATES:
-        bound = "LoRA's first 50 >= full's - 0.1 at every rate, the default's last 50 too"
+    bound = soak.bound or bound
     if not lasts:
         return f"{name}: no run finished; holds {held}/{len(results)} ({bound})"
     return (f"{name}: last-{soak.window} reward min {lasts[0]:.3f} / median "
@@ -147,8 +148,8 @@ def main(argv=None) -> int:
         for name in names:
             soak = known[name]
             for seed in seeds(args.seeds):
-                if name == LORA_RATES:
-                    r = lora_rates(base / name, seed, args.set)
+                if soak.runner is not None:
+                    r = soak.runner(base / name, seed, args.set)
                 else:
                     r = run_one(soak, seed, base / f"{name}-s{seed}", args.set)
                 results.setdefault(name, []).append(r)

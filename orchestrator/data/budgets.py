@@ -2,7 +2,8 @@
 
 `max_prompt_tokens(cfg)`: the longest prompt (sim, a digit task, or `task.max_prompt_tokens`);
 `max_completion_tokens(cfg)`: the longest completion; `model_context(cfg)`: the model's context
-length (built-in model or model.path's config.json); `episode_tokens(cfg)`: tokens one multi-turn
+length (built-in model or model.path's config.json; `context_of(meta)` reads it from a
+config.json's fields, for preflight too); `episode_tokens(cfg)`: tokens one multi-turn
 episode may hold (None for a single-turn task). Ring sizes, the event loop and the backends read
 these; they import nothing heavy (a JSON read at most).
 """
@@ -27,9 +28,21 @@ def max_prompt_tokens(cfg) -> int:
     return digit_prompt_tokens(cfg.task.name)
 
 
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+
+
+def context_of(meta: dict) -> Optional[tuple[int, str]]:
+    """(context length, the key naming it) from an HF config.json's fields, or None."""
+    for key in CONTEXT_KEYS:
+        n = meta.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n, key
+    return None
+
+
 def model_context(cfg) -> int:
-    """The model's context length: model.max_seq_len for the built-in model, else the
-    `max_position_embeddings` of model.path's config.json (ValueError naming it when absent)."""
+    """The model's context length: model.max_seq_len for the built-in model, else what
+    model.path's config.json names (`context_of`; ValueError naming it when absent)."""
     if cfg.model.path is None:
         return cfg.model.max_seq_len
     path = os.path.join(cfg.model.path, "config.json")
@@ -38,11 +51,11 @@ def model_context(cfg) -> int:
             meta = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model.path={cfg.model.path}: cannot read config.json ({exc})") from None
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        if isinstance(meta.get(key), int) and meta[key] > 0:
-            return meta[key]
-    raise ValueError(f"model.path={cfg.model.path}: config.json names no context length "
-                     f"(max_position_embeddings); set task.max_episode_tokens")
+    found = context_of(meta) if isinstance(meta, dict) else None
+    if found is None:
+        raise ValueError(f"model.path={cfg.model.path}: config.json names no context length "
+                         f"(max_position_embeddings); set task.max_episode_tokens")
+    return found[0]
 
 
 def episode_tokens(cfg) -> Optional[int]:

@@ -37,6 +37,7 @@ from typing import Optional
 from orchestrator.runtime.resources import (MAX_RECORD_BYTES, OUT_RING_GROUPS, RingSizes, ring_sizes, shm_need,
                                    weight_nbytes)
 from orchestrator.config import Config, ConfigError
+from orchestrator.data.budgets import context_of
 
 CPU_OVERSUBSCRIPTION = 8        # CPU threads per CPU before a run is refused: generous on purpose
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
@@ -76,13 +77,13 @@ def model_context(cfg: Config) -> tuple[int, str]:
         return cfg.model.max_seq_len, "model.max_seq_len"
     path = os.path.join(cfg.model.path, "config.json")
     try:
-        n = _model_json(cfg).get("max_position_embeddings")
+        found = context_of(_model_json(cfg))
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"invalid config field 'model.path': cannot read {path} "
                           f"({type(exc).__name__})") from None
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if found is None:
         return cfg.model.max_seq_len, "model.max_seq_len"       # the backend falls back to it too
-    return n, f"max_position_embeddings of model.path={cfg.model.path}"
+    return found[0], f"{found[1]} of model.path={cfg.model.path}"
 
 
 def _check_context(cfg: Config, sizes: RingSizes) -> None:

@@ -158,3 +158,23 @@ def test_preflight_imports_no_torch_without_a_device():
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_one_reader_of_a_model_directorys_context_length(tmp_path):
+    """Preflight and the episode budget read the context length the same way (data.budgets'
+    context_of): max_position_embeddings, else GPT-2's n_positions, else max_seq_len; a bool or a
+    non-positive value is no length."""
+    import json
+    from types import SimpleNamespace
+    from orchestrator.data.budgets import context_of, model_context as budget_context
+    from orchestrator.runtime.preflight import model_context
+    assert context_of({"max_position_embeddings": 2048, "n_positions": 1024}) == (2048, "max_position_embeddings")
+    assert context_of({"max_position_embeddings": True, "n_positions": 1024}) == (1024, "n_positions")
+    assert context_of({"max_seq_len": 0}) is None
+    (tmp_path / "config.json").write_text(json.dumps({"n_positions": 1024}))
+    cfg = SimpleNamespace(inference=SimpleNamespace(backend="torch"),
+                          model=SimpleNamespace(path=str(tmp_path), max_seq_len=64))
+    assert model_context(cfg) == (1024, f"n_positions of model.path={tmp_path}")
+    assert budget_context(cfg) == 1024
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    assert model_context(cfg) == (64, "model.max_seq_len")
