@@ -25,7 +25,8 @@ from typing import Optional
 
 import torch
 
-from orchestrator.algo.aggregate import agg_loss
+from orchestrator.algo.aggregate import agg_loss, masked_sum
+from orchestrator.algo.loss import masked_mean
 
 WHITEN_EPS = 1e-8
 
@@ -36,11 +37,10 @@ def _check(name: str, t: torch.Tensor, like: torch.Tensor) -> None:
 
 
 def _masked_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Mean and unbiased variance of x over mask, and the count."""
+    """Mean and unbiased variance of x over mask (bool), and the count."""
     n = int(mask.sum())
-    mean = (x * mask).sum() / max(n, 1)
-    var = (((x - mean) * mask) ** 2).sum() / max(n - 1, 1)
-    return mean, var, n
+    mean = masked_mean(x, mask)
+    return mean, masked_sum((x - mean) ** 2, mask) / max(n - 1, 1), n
 
 
 @torch.no_grad()
@@ -62,7 +62,7 @@ def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.T
         next_value = on * values[:, t] + (1 - on) * next_value
         raw[:, t] = running
     returns = (raw + values) * m
-    mean, var, n = _masked_moments(raw, m)
+    mean, var, n = _masked_moments(raw, mask.bool())
     if n < 2:
         return torch.zeros_like(raw), returns
     return (raw - mean) * torch.rsqrt(var + WHITEN_EPS) * m, returns
@@ -85,18 +85,16 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, old_values: torch.Te
         err_clip = (v_clip - returns) ** 2
         worst, clipped = torch.maximum(err, err_clip), err_clip > err
     loss = 0.5 * agg_loss(worst, keep, agg_mode, horizon)
-    n = keep.sum()
-    frac = (clipped & keep).sum().to(vpreds.dtype) / n.clamp(min=1)
-    return loss, frac.detach()
+    return loss, masked_mean(clipped.to(vpreds.dtype), keep).detach()
 
 
 @torch.no_grad()
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(returns - values) / Var(returns) over `mask`."""
     _check("returns", returns, values)
-    m = mask.to(values.dtype)
-    _, var_r, n = _masked_moments(returns, m)
+    keep = mask.bool()
+    _, var_r, n = _masked_moments(returns, keep)
     if n < 2 or float(var_r) == 0.0:
         return float("nan")
-    _, var_e, _ = _masked_moments(returns - values, m)
+    _, var_e, _ = _masked_moments(returns - values, keep)
     return float(1.0 - var_e / var_r)
