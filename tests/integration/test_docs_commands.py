@@ -25,16 +25,16 @@ MARKS = {"vllm.md": [pytest.mark.vllm], "ray.md": [pytest.mark.ray]}
 
 def _command(page: str, tmp_path) -> str:
     parts = re.split(r"(&&|;)", opening(page).command)
-    out = []
-    for part in parts:
-        if part.strip().startswith("pip install"):
-            out.pop() if out else None       # and the && after it
+    steps = zip(parts[0::2], parts[1::2] + [""])        # each command with the separator after it
+    kept = []
+    for part, sep in steps:
+        if part.strip().startswith("pip install"):    # installed already; its && goes with it
             continue
         part = part.replace("runs/", f"{tmp_path}/runs/")
         if "orchestrator.launch" in part and "run.dir=" not in part:
             part = part.rstrip() + f" run.dir={tmp_path}/runs/default "
-        out.append(part)
-    command = "".join(out).strip().lstrip("&;").strip()
+        kept.append(part + sep)
+    command = "".join(kept).strip().rstrip("&;").strip()
     if page == "ray.md":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

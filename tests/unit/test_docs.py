@@ -14,11 +14,9 @@ import sys
 
 import pytest
 
+from scripts import docs_assets
 from tests.docs_pages import (DOCS, GENERATED, ROOT, launch_args, nav_pages, opening,
                               split_config)
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import docs_assets  # noqa: E402
 
 
 def test_mkdocs_build_strict(tmp_path):
