@@ -13,9 +13,9 @@ Contract (torch tensors [B, T], one row per trajectory; `mask` 1 on the tokens t
   token the advantage is 0 (no variance to scale by); with none, all zeros. No gradient flows.
 - `value_loss(vpreds, returns, old_values, mask, clip_range, agg_mode, horizon=None) ->
   (loss, clip_fraction)`: PPO's clipped value loss, 0.5 x agg(max((v - R)^2, (v_clip - R)^2))
-  with v_clip = old + clamp(v - old, -clip_range, clip_range), aggregated over `mask` by
-  `agg_loss`'s modes; `clip_fraction` is the masked share of tokens where the clipped error is
-  the larger (the gradient is cut there). `clip_range=None`: unclipped, fraction 0.
+  with v_clip = clamp(v, old - clip_range, old + clip_range) (verl's clip_by_value), aggregated
+  over `mask` by `agg_loss`'s modes; `clip_fraction` is the masked share of tokens where the
+  clipped error is the larger (the gradient is cut there). `clip_range=None`: unclipped, fraction 0.
 - `explained_variance(values, returns, mask) -> float`: 1 - Var(R - V) / Var(R) over the mask
   (1: the critic explains the returns, 0: no better than their mean; nan when Var(R) is 0).
 """
@@ -81,7 +81,7 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, old_values: torch.Te
     if clip_range is None:
         worst, clipped = err, torch.zeros_like(err, dtype=torch.bool)
     else:
-        v_clip = old_values + torch.clamp(vpreds - old_values, -clip_range, clip_range)
+        v_clip = torch.clamp(vpreds, old_values - clip_range, old_values + clip_range)
         err_clip = (v_clip - returns) ** 2
         worst, clipped = torch.maximum(err, err_clip), err_clip > err
     loss = 0.5 * agg_loss(worst, keep, agg_mode, horizon)

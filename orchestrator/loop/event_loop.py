@@ -340,7 +340,7 @@ class EventLoop(LoopCheckpoints, WorkerEvents):
             self.request_index.pop(g.ident, None)
         if self.cursor.quarantine is not None:
             self.cursor.quarantine.consumed(self.batch_skips.pop(msg.step, []))
-        self.watcher.note_publish_time(msg.publish_time)
+        self.watcher.note_publish_time(msg.version, msg.publish_time)
         self._flush_steps()
         if info.trainable == 0:
             self.empty_run += 1

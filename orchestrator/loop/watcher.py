@@ -3,7 +3,10 @@
 `poll()` reads the weight buffer's version word; when it is ahead of the live policy version and no
 sync is running, it returns the version every live inference worker must load. When all of them
 have acknowledged it, the shared version counter is set (the gate and every component read it) and
-the sync latency (publish -> last ack) is returned. A sync that does not finish within
+the sync latency (publish -> last ack) is returned. Publish times are kept per version
+(`note_publish_time(version, t)`): the trainer's next StepDone may arrive while this sync is still
+running, or after it committed, and neither may lend its time to another version's sync. With no
+publish time for the target (a resume's reload), the latency is poll -> last ack. A sync that does not finish within
 `timeout_s` raises `WeightSyncStall` instead of letting the gate close silently.
 """
 from __future__ import annotations
@@ -18,15 +21,17 @@ class WeightSyncStall(RuntimeError):
 
 class WeightWatcher:
     def __init__(self, published: Callable[[], int], counter, timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
         self._published = published
         self.counter = counter
         self.timeout_s = timeout_s
         self.clock = clock
+        self.wall = wall
         self.target: Optional[int] = None
         self.waiting: set[int] = set()
         self.started = 0.0
-        self.publish_time: Optional[float] = None    # wall time the trainer published `target`
+        self.published_at: dict[int, float] = {}    # version -> wall time the trainer published it
         self.last_sync_s: Optional[float] = None
 
     @property
@@ -48,8 +53,9 @@ class WeightWatcher:
             self._commit()
         return published
 
-    def note_publish_time(self, wall_time: float) -> None:
-        self.publish_time = wall_time
+    def note_publish_time(self, version: int, wall_time: float) -> None:
+        if version > self.version:               # a committed version's time measures nothing
+            self.published_at[version] = wall_time
 
     def on_ack(self, worker: int, version: int) -> Optional[float]:
         """Returns the sync latency when this ack completes the sync."""
@@ -68,9 +74,11 @@ class WeightWatcher:
 
     def _commit(self) -> float:
         self.counter.set(self.target)
-        if self.publish_time is not None:
-            self.last_sync_s = max(0.0, time.time() - self.publish_time)
+        when = self.published_at.get(self.target)
+        if when is not None:
+            self.last_sync_s = max(0.0, self.wall() - when)
         else:
             self.last_sync_s = self.clock() - self.started
-        self.target, self.publish_time = None, None
+        self.published_at = {v: t for v, t in self.published_at.items() if v > self.target}
+        self.target = None
         return self.last_sync_s

@@ -133,7 +133,9 @@ def test_pause_dispatch_during_weight_sync(tmp_path):
     recs = read_metrics(tmp_path)
     steps = steps_of(recs)
     assert [r["step"] for r in steps] == list(range(1, 21))
-    assert all(r["age_max"] <= 2 and r["weight_sync_s"] >= 0.01 for r in steps[1:])
+    assert [r["step"] for r in steps[1:] if r["age_max"] > 2] == []
+    # each sync's latency includes its own reload (publish times are kept per version)
+    assert [(r["step"], r["weight_sync_s"]) for r in steps[1:] if r["weight_sync_s"] < 0.01] == []
     assert all("dispatch_paused" in r for r in recs if r["kind"] == "tick")
 
 
