@@ -43,6 +43,7 @@ from orchestrator.loop.gate import StalenessGate
 from orchestrator.observe.metrics import MetricsLog
 from orchestrator.loop.prompts import PromptCursor
 from orchestrator.loop.lockstep import Lockstep, Wave, eval_key, pins, train_key
+from orchestrator.loop.stall import StallGuard
 from orchestrator.loop.train_sink import BatchInfo, TrainSink
 from orchestrator.loop.validate import check_rollout
 from orchestrator.loop.watcher import WeightWatcher
@@ -94,7 +95,8 @@ class EventLoop(LoopCheckpoints, WorkerEvents):
         self.reused = 0
         self.last_hang: dict[int, str] = {}       # worker -> its last EnvHung line (for its death)
         self.batch_skips: dict[int, list] = {}    # step -> prompts quarantine skipped with it
-        self.det = Lockstep(cfg) if cfg.run.deterministic else None    # run.deterministic
+        self.det = Lockstep(cfg, start_step) if cfg.run.deterministic else None    # run.deterministic
+        self.stall = StallGuard(cfg.run.stall_timeout_s)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -431,6 +433,18 @@ class EventLoop(LoopCheckpoints, WorkerEvents):
         busy += self.ship()
         if self.finished():
             return True
+        self.stall.check(self._stalled(), self._where)
         if not busy:
             self.res.bell.wait(IDLE_WAIT_S)
         return False
+
+    def _stalled(self) -> bool:
+        """Nothing any component is doing that could move the run on (`loop.stall`)."""
+        return (not self.stop_requested and not self.dispatcher.inflight
+                and not self.dispatcher.in_queue and not self.dispatcher.out_queue
+                and self.outstanding is None and self.watcher.target is None and self.ckpts.idle)
+
+    def _where(self) -> str:
+        return (f"built {self.built}, trained {self.trained}, version {self.counter.get()}, "
+                f"parked {len(self.parked)}, sink {len(self.sink.pending)} groups, "
+                f"gate capacity {self.gate.capacity()}")

@@ -37,6 +37,7 @@ def launch(run_dir, *overrides, config=DEFAULT, jitter=None, timeout=300, determ
         out = run(run_dir, *base, *overrides, config=config, timeout=timeout)
         assert out.returncode == 0, out.stderr[-3000:]
         return
+    began = time.time() - 1.0              # mtime granularity
     proc = start(run_dir, *base, *overrides, config=config)
     done = threading.Event()
     stopped = []
@@ -44,7 +45,8 @@ def launch(run_dir, *overrides, config=DEFAULT, jitter=None, timeout=300, determ
     def shake():
         rng = random.Random(jitter)
         pids_file = Path(run_dir) / "logs" / "pids.json"
-        while not done.is_set() and not pids_file.exists():
+        while not done.is_set() and not (pids_file.exists()            # this launch's, not
+                                         and pids_file.stat().st_mtime >= began):  # a resumed one's
             done.wait(0.02)
         while not done.is_set():
             try:
@@ -224,6 +226,41 @@ def test_the_sim_backend_under_a_long_tail(tmp_path):
     sa = steps(tmp_path / "a")
     assert_same_run(tmp_path / "a", tmp_path / "b")
     assert max(r["age_max"] for r in sa) == 2      # the overlap is kept: heads S versions old
+
+
+def test_a_finished_run_extended_is_one_run(tmp_path):
+    """A run that ended at step 14 relaunched with run.total_steps=20: its checkpoint has no batch
+    15 or 16 (their versions, 12 and 13, are gone), so the resumed version generates them (once
+    hung for ever: no wave was ever due). Two such extensions, one disturbed, are one run."""
+    tail = ("inference.sim.latency=lognormal", "inference.sim.lognormal_sigma=1.0",
+            "inference.sim.latency_s=0.05")
+    for d, jitter in (("a", None), ("b", 7)):
+        launch(tmp_path / d, *tail, config="configs/sim.yaml", timeout=60)
+        launch(tmp_path / d, *tail, "run.total_steps=20", "run.resume=auto",
+               config="configs/sim.yaml", jitter=jitter, timeout=60)
+    assert_same_run(tmp_path / "a", tmp_path / "b", total=20)
+    ages = [r["age_max"] for r in steps(tmp_path / "a")[14:]]
+    assert ages == [0, 1, 2, 2, 2, 2]         # 15-17 by version 14, then the lag again
+
+
+def test_a_sigterm_drain_resumes_to_the_end(tmp_path):
+    """SIGTERM after step 6: the drain checkpoints where it stopped, without the batches after
+    it; the resume generates them at its own version instead of waiting for versions that are
+    gone (it hung for ever)."""
+    d = tmp_path / "run"
+    proc = start(d, *SHORT, "actor.sim.step_time_s=0.05", config="configs/sim.yaml")
+    try:
+        wait_for_step(proc, d, 6, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert steps(d)[-1]["step"] < 14
+    launch(d, "actor.sim.step_time_s=0.05", "run.resume=auto", config="configs/sim.yaml",
+           timeout=60)
+    assert [r["step"] for r in steps(d)] == list(range(1, 15))
 
 
 def test_a_free_run_is_not_replayed(tmp_path):
