@@ -54,12 +54,14 @@ def sim_run_dir(tmp_path_factory):
 def torch_run_dir(tmp_path_factory):
     """The embedded default (tiny torch model, copy2 task), 100 steps in two launches (resumed at
     step 80), eval every 50 steps: real tokens, rewards, advantages and eval lines, and the default
-    suite's run of the async pipeline that learns (test_torch_learns)."""
+    suite's run of the async pipeline that learns (test_torch_learns). run.deterministic, seed 0:
+    the same run every time (the 80-step launch's end has no batch 81-82; the resumed version
+    makes them, as for any extended deterministic run)."""
     pytest.importorskip("torch")
     d = tmp_path_factory.mktemp("torch_run") / "run"
     for total in (80, 100):
         out = run(d, f"run.total_steps={total}", "run.resume=auto", "run.checkpoint_every=40",
                   "eval.every_steps=50", "metrics.interval_s=0.5", "run.progress=false",
-                  config="configs/default.yaml", timeout=300)
+                  "run.deterministic=true", "run.seed=0", config="configs/default.yaml", timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
     return d

@@ -168,5 +168,6 @@ def test_the_default_job_learns_through_the_async_pipeline(torch_run_dir):
     assert [r["step"] for r in steps] == list(range(1, 101))
     rewards = np.array([r["reward_mean"] for r in steps])
     first, last = rewards[:10].mean(), rewards[-10:].mean()
-    assert last - first >= 0.25, (first, last)        # seeds 0-8 pass 0.8 at steps 100-170
+    # deterministic, seed 0 (0.38); seeds 0-7 gain 0.338-0.41 over these 100 steps (8/8 >= 0.3)
+    assert last - first >= 0.3, (first, last)
     assert max(r["age_max"] for r in steps) <= 2       # the configured bound, S=2
