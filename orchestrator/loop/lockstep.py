@@ -32,13 +32,13 @@ and resumed equals the uninterrupted one. What the scheduler decides in a free r
   versions older than s, which a resumed run cannot load) are built (`checkpoint_ready`); they are
   saved with it and, on resume, rebuilt from those rollouts as they were.
 
-`Lockstep(cfg, start_step=0)` holds a run's open wave and deferred checkpoint for the event loop, and `pins(n, live)`
-says which worker each of a wave's n requests goes to and which ones hold.
+`Lockstep(cfg, start_step=0)` holds a run's open wave and deferred checkpoint for the event loop,
+and `pins(n, live)` says which worker each of a wave's n requests goes to and which ones hold.
 Not covered: a SIGTERM drain's checkpoint is taken where the drain stopped, and a finished run
 has no batch after its last step: resumed (or extended), the resumed version generates them (the
 floor f), so the run replays itself from there but is not the uninterrupted one; an inference
-worker's death sends
-its requests to other workers (another batch composition: the bits after it may differ).
+worker's death sends its requests to other workers (another batch composition: the bits after it
+may differ).
 
 Contract: `Schedule(S, T, floor=0)`: `version_of(step)`, `may_ship(step, version)`,
 `may_sync(built, version)`, `checkpoint_ready(step, built)`, `wave_due(built, version)`.

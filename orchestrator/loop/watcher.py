@@ -6,8 +6,9 @@ have acknowledged it, the shared version counter is set (the gate and every comp
 the sync latency (publish -> last ack) is returned. Publish times are kept per version
 (`note_publish_time(version, t)`): the trainer's next StepDone may arrive while this sync is still
 running, or after it committed, and neither may lend its time to another version's sync. With no
-publish time for the target (a resume's reload), the latency is poll -> last ack. A sync that does not finish within
-`timeout_s` raises `WeightSyncStall` instead of letting the gate close silently.
+publish time for the target (a resume's reload), the latency is poll -> last ack. A sync that
+does not finish within `timeout_s` raises `WeightSyncStall` instead of letting the gate close
+silently.
 """
 from __future__ import annotations
 

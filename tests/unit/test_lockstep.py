@@ -20,25 +20,30 @@ def test_versions_reloads_and_ship_hold_follow_the_lag():
     assert s.checkpoint_ready(10, 10)
 
 
+def drive(s: Schedule, start: int = 0) -> tuple[int, int, list[int]]:
+    """Drive the rules as the loop does (build when due, ship when allowed, sync when allowed)
+    from step `start`: (trained, version, each built batch's age) once nothing moves or all is done."""
+    built = trained = version = start
+    ages = []
+    for _ in range(1000):
+        if built < s.total_steps and s.wave_due(built, version):
+            built += 1
+            ages.append(built - 1 - version)
+        elif trained < built and s.may_ship(trained + 1, version):
+            trained += 1
+        elif version < trained and s.may_sync(built, version):
+            version += 1
+        if trained == version == s.total_steps:
+            break
+    return trained, version, ages
+
+
 def test_every_step_is_reachable_under_the_rules():
-    """Drive the rules as the loop does (build when due, sync when allowed, ship when allowed):
-    every batch k is built at version g(k) and trained at k - 1, so its age is min(k - 1, S)."""
+    """Every batch k is built at version g(k) and trained at k - 1, so its age is min(k - 1, S)."""
     for lag in (0, 1, 2, 3):
-        s, total = Schedule(lag, 12), 12
-        built = trained = version = 0
-        ages = []
-        for _ in range(1000):
-            if built < total and s.wave_due(built, version):
-                built += 1
-                ages.append(built - 1 - version)
-            elif trained < built and s.may_ship(trained + 1, version):
-                trained += 1
-            elif version < trained and s.may_sync(built, version):
-                version += 1
-            if trained == total and version == total:
-                break
-        assert trained == total and version == total, lag
-        assert ages == [min(k - 1, lag) for k in range(1, total + 1)]
+        trained, version, ages = drive(Schedule(lag, 12))
+        assert trained == 12 and version == 12, lag
+        assert ages == [min(k - 1, lag) for k in range(1, 13)]
 
 
 def test_pins_spread_a_wave_and_release_each_worker_with_its_last_request():
@@ -75,15 +80,4 @@ def test_a_floor_lets_the_resumed_version_generate_the_batches_its_checkpoint_la
     assert s.wave_due(10, 10) and s.wave_due(12, 10) and not s.wave_due(13, 10)
     free = Schedule(lag=2, total_steps=20)
     assert all(s.version_of(k) == free.version_of(k) for k in range(13, 21))
-    built, trained, version, ages = 10, 10, 10, []
-    for _ in range(1000):
-        if built < 20 and s.wave_due(built, version):
-            built += 1
-            ages.append(built - 1 - version)
-        elif trained < built and s.may_ship(trained + 1, version):
-            trained += 1
-        elif version < trained and s.may_sync(built, version):
-            version += 1
-        if trained == version == 20:
-            break
-    assert trained == version == 20 and ages == [0, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert drive(s, start=10) == (20, 20, [0, 1, 2, 2, 2, 2, 2, 2, 2, 2])
