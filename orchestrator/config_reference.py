@@ -6,7 +6,7 @@ Contract: `reference(config_cls) -> str` is docs/config.md's text for `config_cl
 calls it), generated from the pydantic models alone (no file read): one section per top-level key in the
 model's field order, a table row per leaf key (dotted name, type, default, bounds, description),
 nested sections (actor.lora, inference.vllm, ...) as sections of their own after their parent's
-rows. `python -m orchestrator.config --reference` prints it; tests/unit/test_config_reference.py
+rows, and a list of sections (`task.datasets`) as one more, `key[i]`, of its items' keys. `python -m orchestrator.config --reference` prints it; tests/unit/test_config_reference.py
 fails when the committed docs/config.md differs from it.
 """
 from __future__ import annotations
@@ -36,6 +36,14 @@ def _section_of(annotation) -> type[BaseModel] | None:
         for arg in typing.get_args(annotation):
             if isinstance(arg, type) and issubclass(arg, BaseModel):
                 return arg
+    return None
+
+
+def _item_section(annotation) -> type[BaseModel] | None:
+    """The section each item of a list field holds (`task.datasets`), else None."""
+    for arg in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(arg) is list:
+            return _section_of(typing.get_args(arg)[0])
     return None
 
 
@@ -107,6 +115,9 @@ def _rows(model: type[BaseModel], prefix: str, sections: list) -> list[str]:
             continue
         rows.append(f"| `{key}` | {_cell(_type_text(field.annotation))} | {_default_text(field)} "
                     f"| {_bounds_text(field)} | {_cell(field.description or '')} |")
+        item = _item_section(field.annotation)
+        if item is not None:                  # a list of sections: its items' keys, after it
+            sections.append((f"{key}[i]", item, None))
     return rows
 
 

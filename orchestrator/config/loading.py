@@ -215,7 +215,8 @@ def load_config(path: Optional[str | Path] = None, overrides: list[str] = ()) ->
     path = _config_path(Path(path) if path is not None else DEFAULT_CONFIG)
     data = read_layers(path)
     keys = {ov.partition("=")[0].strip() for ov in overrides}
-    if "task.dataset" in keys and "task.name" not in keys and isinstance(data.get("task"), dict):
+    if keys & {"task.dataset", "task.datasets"} and "task.name" not in keys \
+            and isinstance(data.get("task"), dict):
         data["task"].pop("name", None)      # your data on the command line replaces the file's task
     for ov in overrides:
         apply_override(data, ov)
@@ -243,12 +244,20 @@ def _eval_without_eval_set(data: dict) -> list[str]:
     """Eval rounds asked for on task.dataset without task.eval_dataset: eval is off, with one note
     (the launcher prints it as a warning) instead of an error."""
     task, ev = data.get("task"), data.get("eval")
-    if not (isinstance(task, dict) and isinstance(ev, dict)) or task.get("dataset") is None \
-            or task.get("eval_dataset") is not None:
+    if not (isinstance(task, dict) and isinstance(ev, dict)):
         return []
+    mixture = task.get("datasets")
+    if isinstance(mixture, list) and mixture:
+        if any(isinstance(d, dict) and d.get("eval_path") is not None for d in mixture):
+            return []
+        field, missing, fix = "task.datasets", "eval_path on any source", "an eval_path on a source"
+    elif task.get("dataset") is None or task.get("eval_dataset") is not None:
+        return []
+    else:
+        field, missing, fix = "task.dataset", "task.eval_dataset", "task.eval_dataset"
     every = ev.get("every_steps")
     if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
         return []
     ev["every_steps"] = 0
-    return [f"eval.every_steps={every} with task.dataset and no task.eval_dataset: eval is off "
-            f"(set task.eval_dataset to evaluate)"]
+    return [f"eval.every_steps={every} with {field} and no {missing}: eval is off "
+            f"(set {fix} to evaluate)"]

@@ -164,9 +164,15 @@ class Config(_Section):
             raise ValueError(f"actor.device={self.actor.device!r} with actor.backend sim: the sim "
                              f"trainer uses no device (actor.device must be 'cpu')")
         task = self.task
-        if task.dataset is not None and inf.backend == "sim":
-            raise ValueError("task.dataset with inference.backend sim: the sim backend generates no "
+        if task.own_data and inf.backend == "sim":
+            what = "task.dataset" if task.dataset is not None else "task.datasets"
+            raise ValueError(f"{what} with inference.backend sim: the sim backend generates no "
                              "text to reward (use torch or vllm)")
+        if task.datasets is not None and self.eval.every_steps \
+                and all(d.eval_path is None for d in task.datasets):
+            raise ValueError(f"eval.every_steps={self.eval.every_steps} with task.datasets needs an "
+                             f"eval_path on a source (or eval.every_steps=0; load_config turns eval "
+                             f"off with a warning)")
         if task.dataset is not None and self.eval.every_steps and task.eval_dataset is None:
             raise ValueError(f"eval.every_steps={self.eval.every_steps} with task.dataset needs "
                              f"task.eval_dataset (or eval.every_steps=0; load_config turns eval off "

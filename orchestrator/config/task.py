@@ -8,6 +8,25 @@ from pydantic import Field, model_validator
 from orchestrator.config.base import MAX_TIMEOUT_S, MAX_TOKENS, MAX_COUNT, _Section
 
 
+class DatasetSource(_Section):
+    """One source of a mixture (`task.datasets`): its prompts, its share of the stream, its reward."""
+    path: str = Field(min_length=1, description="training prompts, as task.dataset's formats")
+    weight: float = Field(1.0, gt=0, le=1e6, description="its share of the training stream: "
+                          "weight / the sum of the weights (> 0, finite)")
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="what the "
+                                "step and eval lines call it (reward_mean/<name>) and the row's "
+                                "`data_source` (verl's name) the reward sees. None: the file's stem")
+    reward: Optional[str] = Field(None, min_length=1, description="its reward, as task.reward's "
+                                  "forms. None: task.reward")
+    eval_path: Optional[str] = Field(None, min_length=1, description="its eval prompts (eval "
+                                     "lines report each source's reward). None: none of its own")
+
+    @property
+    def label(self) -> str:
+        import os
+        return self.name or os.path.splitext(os.path.basename(self.path.rstrip("/")))[0]
+
+
 class TaskConfig(_Section):
     """What to train on: a built-in task generated in code, or a dataset with a reward function."""
     name: str = Field("sim", description="built-in task: copy2, copy3, reverse2, reverse3, first3, "
@@ -18,6 +37,12 @@ class TaskConfig(_Section):
                                    "with the `datasets` library, memory-mapped, offline)")
     eval_dataset: Optional[str] = Field(None, description="eval prompts, same formats (needed for "
                                         "eval.every_steps with task.dataset)")
+    datasets: Optional[list[DatasetSource]] = Field(
+        None, min_length=1, max_length=256, description="a weighted mixture instead of "
+        "task.dataset: [{path, weight, name, reward, eval_path}, ...]; stream index i draws its "
+        "source by weight from a generator keyed by (run.seed, i) and takes that source's next "
+        "prompt (each source walks its own seeded epochs), so the stream is a pure function of "
+        "seed and index (exact on resume); step and eval lines carry reward_mean/<name>")
     prompt_field: str = Field("prompt", min_length=1, description="the column holding the prompt: "
                               "a string, or a list of chat messages ({role, content})")
     answer_field: str = Field("answer", min_length=1, description="the column the built-in rewards "
@@ -119,16 +144,24 @@ class TaskConfig(_Section):
                                                     "inference.on_worker_death) or fail (the run fails "
                                                     "naming the environment, exit 1)")
 
+    @property
+    def own_data(self) -> bool:
+        """Prompts from files (task.dataset or task.datasets), not a built-in task."""
+        return self.dataset is not None or self.datasets is not None
+
     @model_validator(mode="after")
     def _dataset_or_builtin(self) -> "TaskConfig":
-        if self.dataset is not None:
+        if self.datasets is not None:
+            self._check_mixture()
+        if self.own_data:
             if "name" not in self.model_fields_set:
                 object.__setattr__(self, "name", "dataset")
             elif self.name != "dataset":
-                raise ValueError(f"task.name={self.name!r} and task.dataset are exclusive (task.name "
+                what = "task.dataset" if self.dataset is not None else "task.datasets"
+                raise ValueError(f"task.name={self.name!r} and {what} are exclusive (task.name "
                                  f"is 'dataset' for your own data)")
         elif self.name == "dataset":
-            raise ValueError("task.name='dataset' needs task.dataset")
+            raise ValueError("task.name='dataset' needs task.dataset or task.datasets")
         if self.agent is not None and self.env is not None:
             raise ValueError(f"task.agent and task.env are exclusive: the agent {self.agent!r} is the "
                              f"episode (drop task.env={self.env!r})")
@@ -143,3 +176,24 @@ class TaskConfig(_Section):
             raise ValueError("task.dataset needs task.reward (a built-in name, 'file.py:fn' or "
                              "'module:fn'), task.env or task.agent")
         return self
+
+    def _check_mixture(self) -> None:
+        if self.dataset is not None or self.eval_dataset is not None:
+            raise ValueError("task.datasets and task.dataset / task.eval_dataset are exclusive (a "
+                             "mixture's sources carry their own path and eval_path)")
+        labels = [d.label for d in self.datasets]
+        twice = sorted({x for x in labels if labels.count(x) > 1})
+        if twice:
+            raise ValueError(f"task.datasets: two sources are called {twice[0]!r}: give each a "
+                             f"name of its own (task.datasets[i].name)")
+        scored_elsewhere = self.env is not None or self.agent is not None
+        for i, d in enumerate(self.datasets):
+            if d.reward is not None and scored_elsewhere:
+                raise ValueError(f"task.datasets[{i}].reward with task.env / task.agent: the "
+                                 f"environment or agent scores its episodes")
+            if d.reward is None and self.reward is None and not scored_elsewhere:
+                raise ValueError(f"task.datasets[{i}] ({d.label}) has no reward: set "
+                                 f"task.datasets[{i}].reward or task.reward")
+        total = sum(d.weight for d in self.datasets)
+        if not total < float("inf"):
+            raise ValueError("task.datasets: the weights' sum is not finite")

@@ -19,10 +19,10 @@ def max_prompt_tokens(cfg) -> int:
     `task.max_prompt_tokens` (ValueError naming the field otherwise: pass the loaded set's)."""
     if cfg.task.name == "sim":
         return cfg.inference.sim.prompt_tokens
-    if cfg.task.dataset is not None:
+    if cfg.task.own_data:
         if cfg.task.max_prompt_tokens is None:
-            raise ValueError("task.dataset without task.max_prompt_tokens: the longest prompt is "
-                             "known once the dataset is loaded")
+            raise ValueError("task.dataset(s) without task.max_prompt_tokens: the longest prompt "
+                             "is known once the dataset is loaded")
         return cfg.task.max_prompt_tokens
     from orchestrator.data.digits import max_prompt_tokens as digit_prompt_tokens
     return digit_prompt_tokens(cfg.task.name)

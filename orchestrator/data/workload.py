@@ -15,7 +15,9 @@ Contract:
   runner (`envs.runner.EpisodeRunner`) whose environment scores; for `task.agent`, the runner with
   the agent's episode body (`envs.agent.AgentEpisodes`: the worker's HTTP endpoint).
 - `datasets_for(cfg) -> (train, eval)`: the built-in digit task's generated datasets, or
-  `task.dataset` / `task.eval_dataset` opened with `prompt_set.open_dataset` (eval None when unset).
+  `task.dataset` / `task.eval_dataset` opened with `prompt_set.open_dataset` (eval None when unset);
+  `mixture_sources(cfg)` the same for each source of `task.datasets` (a `data.mixture.Mixture`
+  is then the prompt source, each source's reward its own or task.reward).
 - `load_prompts(cfg) -> PromptSet` (supervisor, at launch before anything starts): the model's
   tokens, the datasets, the reward resolved (so a bad `task.reward` fails here), every prompt rendered
   once and measured. Raises `DataError` (exit 2) naming the field.
@@ -62,6 +64,8 @@ def build_task(cfg):
 
 def datasets_for(cfg):
     t = cfg.task
+    if t.datasets is not None:
+        raise ValueError("internal: a mixture's datasets are opened by source (mixture_sources)")
     if t.dataset is None:
         from orchestrator.data.digits import digit_datasets
         return digit_datasets(t.name, t.num_eval_prompts, cfg.run.seed)
@@ -100,21 +104,73 @@ def load_prompts(cfg):
             resolve_env(env_spec(cfg))
         TurnRenderer(tokens, cfg.task)
         needs_answer = False
-    else:
+    elif cfg.task.datasets is None:
         name, _ = resolve_reward(cfg.task, tokens)
         needs_answer = name in NEEDS_ANSWER
+    if cfg.task.datasets is not None:
+        prompts = _load_mixture(cfg, tokens, env_spec(cfg) is None)
+        _note_unknown(cfg, tokens, prompts.sets[0].renderer)
+        return prompts
     train, evl = datasets_for(cfg)
     limit = cfg.task.num_eval_prompts if cfg.task.dataset is not None else None
     renderer = PromptRenderer(tokens, cfg.task)
     prompts = PromptSet(train, evl, renderer, cfg.task, cfg.run.seed, eval_limit=limit,
                         needs_answer=needs_answer)
+    _note_unknown(cfg, tokens, renderer)
+    return prompts
+
+
+def _note_unknown(cfg, tokens, renderer) -> None:
     if renderer.unknown_prompts:
         seen = sorted(renderer.unknown_seen)
         shown = ", ".join(repr(c) for c in seen[:20]) + (", ..." if len(seen) > 20 else "")
         cfg.notes.append(f"{renderer.unknown_prompts} prompts hold characters the tokenizer has no "
                          f"token for ({shown}); they train as {tokens.tokenizer.unk_token!r} "
                          f"(task.unknown_chars=warn)")
-    return prompts
+
+
+def mixture_sources(cfg):
+    """[(label, train, eval or None)] of `task.datasets`, opened (`prompt_set.open_dataset`)."""
+    from orchestrator.data.prompt_set import open_dataset
+    out = []
+    for i, d in enumerate(cfg.task.datasets):
+        train = open_dataset(d.path, f"task.datasets[{i}].path")
+        evl = open_dataset(d.eval_path, f"task.datasets[{i}].eval_path") \
+            if d.eval_path is not None else None
+        out.append((d.label, train, evl))
+    return out
+
+
+def _source_rewards(cfg, tokens) -> dict:
+    """label -> (reward name, fn) of each mixture source (its own reward, else task.reward)."""
+    from orchestrator.data.rewards import resolve_reward
+    out = {}
+    for i, d in enumerate(cfg.task.datasets):
+        own = cfg.task.model_copy(update={"reward": d.reward or cfg.task.reward})
+        try:
+            out[d.label] = resolve_reward(own, tokens)
+        except DataError as exc:
+            where = f"task.datasets[{i}].reward" if d.reward else "task.reward"
+            raise DataError(f"{where} of source {d.label!r}: {exc}") from None
+    return out
+
+
+def _load_mixture(cfg, tokens, rewarded: bool):
+    from orchestrator.data.mixture import Mixture, source_seed
+    from orchestrator.data.prompt_set import PromptSet
+    from orchestrator.data.rewards import NEEDS_ANSWER
+
+    rewards = _source_rewards(cfg, tokens) if rewarded else {}
+    renderer = PromptRenderer(tokens, cfg.task)
+    sets = []
+    for i, (label, train, evl) in enumerate(mixture_sources(cfg)):
+        needs = label in rewards and rewards[label][0] in NEEDS_ANSWER
+        sets.append(PromptSet(train, evl, renderer, cfg.task, source_seed(cfg.run.seed, i),
+                              eval_limit=cfg.task.num_eval_prompts, needs_answer=needs,
+                              names=(f"task.datasets[{i}].path", f"task.datasets[{i}].eval_path")))
+    d = cfg.task.datasets
+    return Mixture(sets, [x.label for x in d], [x.weight for x in d], cfg.run.seed,
+                   cfg.task.num_train_prompts)
 
 
 def _resolve_rendering(cfg, tokens) -> None:
@@ -131,7 +187,13 @@ def _resolve_rendering(cfg, tokens) -> None:
 
 
 def load_rows(cfg):
-    """`rows(eval, row) -> dict`: one dataset row, memory-mapped (inference workers)."""
+    """`rows(eval, row) -> dict`: one dataset row, memory-mapped (inference workers); a
+    mixture's carries `data_source`, its source's name (`data.mixture`)."""
+    if cfg.task.datasets is not None:
+        from orchestrator.data.mixture import MixtureRows
+        opened = mixture_sources(cfg)
+        return MixtureRows([t for _, t, _ in opened], [e for _, _, e in opened],
+                           [x for x, _, _ in opened])
     train, evl = datasets_for(cfg)
 
     def rows(is_eval: bool, row: int) -> dict:
@@ -142,6 +204,11 @@ def load_rows(cfg):
 def load_scorer(cfg, tokens):
     from orchestrator.data.rewards import resolve_reward
 
+    if cfg.task.datasets is not None:
+        from orchestrator.data.mixture import by_source
+        got = _source_rewards(cfg, tokens)
+        name = ", ".join(f"{label}: {n}" for label, (n, _) in got.items())
+        return load_rows(cfg), name, by_source({label: fn for label, (_, fn) in got.items()})
     name, fn = resolve_reward(cfg.task, tokens)
     return load_rows(cfg), name, fn
 

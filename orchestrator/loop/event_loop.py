@@ -3,19 +3,18 @@ with the weight watcher, drain, the empty-batch guard, eval rounds and checkpoin
 
 One iteration: read every worker->supervisor ring without blocking -> weight watcher -> admit while
 the gate has capacity -> pump the dispatcher -> stamp finished groups and feed the sinks -> build,
-persist and park full batches -> ship one when the trainer has caught up -> sleep on the doorbell
-if nothing happened. Invariants kept here: admission only through `StalenessGate`; at most one
-batch outstanding at the trainer (so a batch is trained at exactly `step - 1`); every batch is
-persisted under `batches/` before it ships (zstd at `run.batch_compression`); a drain at
-`run.total_steps`; N consecutive batches with nothing trainable stop the run. Disk stays bounded:
-after each checkpoint commit, checkpoints past `run.keep_checkpoints` (`checkpoint.prune`) and, with
-`run.keep_batches`, batch files older than that many steps before the committed one are deleted.
-Step lines are written in step order by `loop.step_lines.StepLines`, once a step's StepDone has
-arrived and every inference worker has loaded its weights.
-With run.deterministic (`loop.lockstep.Lockstep`, `self.det`) admission is by waves at the
-schedule's versions instead of the gate's capacity (whose counters still run), a wave's groups reach
-the sink in stream order, the watcher reloads and the ship hold releases only where the schedule
-allows, and a checkpoint waits for `checkpoint_ready`; after a stop request the drain is free.
+persist and park full batches -> ship one when the trainer has caught up -> sleep on the doorbell if
+nothing happened. Invariants kept here: admission only through `StalenessGate`; at most one batch
+outstanding at the trainer (so a batch is trained at exactly `step - 1`); every batch is persisted
+under `batches/` before it ships (zstd at `run.batch_compression`); a drain at `run.total_steps`; N
+consecutive batches with nothing trainable stop the run. Disk stays bounded: after each checkpoint
+commit, checkpoints past `run.keep_checkpoints` (`checkpoint.prune`) and, with `run.keep_batches`,
+batch files older than that many steps before the committed one are deleted.
+`loop.step_lines.StepLines` writes step lines in step order once a step's StepDone is in and every
+inference worker has loaded its weights. With run.deterministic (`loop.lockstep.Lockstep`,
+`self.det`) admission is by waves at the schedule's versions instead of the gate's capacity, a
+wave's groups reach the sink in stream order, the watcher reloads and the ship hold releases where
+the schedule allows, a checkpoint waits for `checkpoint_ready`; a stop's drain is free.
 """
 from __future__ import annotations
 
@@ -71,7 +70,7 @@ class EventLoop(LoopCheckpoints, WorkerEvents):
                                   version=self.counter.get)
         self.dispatcher = Dispatcher(res.inference_req, r.queue_size)
         self.sink = TrainSink.for_config(cfg)
-        self.eval_sink = EvalSink(cfg.eval, r.max_new_tokens, start_step, cfg.run.total_steps)
+        self.eval_sink = EvalSink(cfg.eval, r.max_new_tokens, start_step, cfg.run.total_steps, task)
         self.watcher = WeightWatcher(res.weights.latest_version, self.counter, cfg.weights.sync_timeout_s)
         self.task = task
         self.cursor = cursor or PromptCursor(task)
@@ -280,6 +279,7 @@ class EventLoop(LoopCheckpoints, WorkerEvents):
             if self.cursor.quarantine is not None:     # prompts skipped meanwhile ride with it
                 self.batch_skips[step], fields = self.cursor.quarantine.take()
                 info.episode.update(fields)
+            info.episode.update(self.cursor.source_fields(info.parts, self.request_index))
             if self.bound is not None:
                 for g in info.parts:
                     self.bound.trained(g)

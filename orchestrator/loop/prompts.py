@@ -5,6 +5,8 @@ row)`; `cursor` is the next new prompt index; prompts to redo (after a resume, o
 hard bound) are served first. A prompt whose row `quarantine` holds (`loop.quarantine`) is not
 served: it is handed to `quarantine.skip` and the next one is taken. The prompt source `task` is
 built by the workload builder (`data.workload.build_task`, once at launch, before anything starts).
+`source_fields(groups, index_of)`: a mixture's (`data.mixture`) per-source `reward_mean/<name>` of
+a batch's groups (`index_of`: request id -> stream index); {} for one dataset or a built-in task.
 """
 from __future__ import annotations
 
@@ -19,6 +21,14 @@ class PromptCursor:
         self.cursor = cursor
         self.redo = deque(redo)
         self.quarantine = quarantine
+
+    def source_fields(self, groups, index_of: dict) -> dict:
+        source_of = getattr(self.task, "source_of", None)
+        if source_of is None:
+            return {}
+        from orchestrator.data.mixture import source_means
+        known = [g for g in groups if g.ident in index_of]
+        return source_means([source_of(index_of[g.ident]) for g in known], [g.rewards for g in known])
 
     def next(self) -> tuple[int, int, np.ndarray, int]:
         """(stream index, prompt_id, tokens, dataset row) of the next prompt to admit."""

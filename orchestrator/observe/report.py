@@ -5,7 +5,8 @@ G = rollout.group_size) and RUN_DIR/metrics.jsonl (a run may still be going or h
 last line is ignored, a corrupt line elsewhere is skipped and counted). Writes to DIR (default
 RUN_DIR/report/) one PNG per signal that has data (reward, eval, age, admissions, out_queue, parked,
 weight_sync, trainable, training, episodes (multi-turn: environment vs generation seconds per
-episode, turns, tool calls, limited and rejected episodes), pipeline; resumes and worker restarts
+episode, turns, tool calls, limited and rejected episodes), sources (a `task.datasets` mixture:
+`reward_mean/<name>` of step and eval lines), pipeline; resumes and worker restarts
 are vertical lines on each), `summary.md` and `summary.json` (the same numbers), then prints DIR and the summary. Exit codes: 0
 written; 2 bad input (no such dir, no config.yaml, no metrics.jsonl or no step line in it, matplotlib
 missing), one line on stderr, nothing written.
@@ -359,6 +360,11 @@ def plots(run: dict, ms: list[dict], out: str) -> tuple[list[str], dict]:
         panel("turns", line(st, "turns_mean", "turns_max")),
         panel("per step", line(st, "tool_calls", "episodes_limited", "rollouts_rejected"))],
         why="no multi-turn episode fields (a single-turn task)")
+    per = lambda recs: sorted({k for r in recs for k in r if k.startswith("reward_mean/")})
+    figure("sources", "reward per dataset source (task.datasets)", [
+        panel("train reward", line(st, *per(st))),
+        panel("eval reward", [(k, series(ev, k), "o-") for k in per(ev)])],
+        why="no per-source reward fields (not a mixture)")
     figure("pipeline", "pipeline over time (tick lines)",
            [panel("count", [(k, timed(run["ticks"], k), "-") for k in TICKS], time_axis=True)],
            why="no tick lines")
