@@ -2,12 +2,13 @@
 default, bounds and description, as markdown (issue #36).
 
 Contract: `reference(config_cls) -> str` is docs/config.md's text for `config_cls`
-(orchestrator.config.Config, passed in so this module imports no config: config's `__main__`
-calls it), generated from the pydantic models alone (no file read): one section per top-level key in the
+(orchestrator.config.Config, passed in so this module imports no config: config's `__main__` calls
+it), generated from the pydantic models alone (no file read): one section per top-level key in the
 model's field order, a table row per leaf key (dotted name, type, default, bounds, description),
 nested sections (actor.lora, inference.vllm, ...) as sections of their own after their parent's
-rows, and a list of sections (`task.datasets`) as one more, `key[i]`, of its items' keys. `python -m orchestrator.config --reference` prints it; tests/unit/test_config_reference.py
-fails when the committed docs/config.md differs from it.
+rows, and a list of sections (`task.datasets`) as one more, `key[i]`, of its items' keys. `python -m
+orchestrator.config --reference` prints it; tests/unit/test_config_reference.py fails when the
+committed docs/config.md differs from it.
 """
 from __future__ import annotations
 

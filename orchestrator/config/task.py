@@ -1,6 +1,7 @@
 """`task:` the workload: a built-in task or your data, reward, environment or agent."""
 from __future__ import annotations
 
+import os
 from typing import Literal, Optional, Union
 
 from pydantic import Field, model_validator
@@ -23,7 +24,6 @@ class DatasetSource(_Section):
 
     @property
     def label(self) -> str:
-        import os
         return self.name or os.path.splitext(os.path.basename(self.path.rstrip("/")))[0]
 
 
