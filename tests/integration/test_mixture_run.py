@@ -87,3 +87,16 @@ def test_a_bad_source_is_exit_2_naming_it(tmp_path, launch_main, sources, needle
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_report_plots_each_sources_reward(mixed, tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from orchestrator.observe.report import report
+
+    root, _ = mixed
+    s = report(str(root / "run"), str(tmp_path / "rep"))
+    assert "sources" in s["plots"], s.get("skipped_plots")
+    with Image.open(tmp_path / "rep" / "sources.png") as im:
+        assert im.format == "PNG" and im.width >= 300 and im.height >= 300
