@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.integration.lifecycle import steps
 from tests.integration.test_deterministic import assert_same_run, kill_9_and_resume, launch
 
 pytest.importorskip("datasets")
@@ -68,6 +69,8 @@ def test_kill_9_and_resume_equals_the_uninterrupted_mixture(mixed, tmp_path):
     root, source = mixed
     kill_9_and_resume(tmp_path / "run", source)
     assert_same_run(root / "run", tmp_path / "run")
+    per = lambda d: [{k: v for k, v in r.items() if k.startswith("reward_mean/")} for r in steps(d)]
+    assert per(root / "run") == per(tmp_path / "run")        # the per-source fields too
 
 
 @pytest.mark.parametrize("sources, needle", [
