@@ -65,6 +65,9 @@ def test_step_and_eval_lines_report_each_source(mixed):
         assert e["reward_mean"] == pytest.approx(want, abs=1e-6)
 
 
+# slow (two more launches, ~17 s): the default suite keeps the stream's purity (tests/unit/
+# test_mixture.py, any lookup order) and kill -9 resume equality on one dataset (test_deterministic)
+@pytest.mark.slow
 def test_kill_9_and_resume_equals_the_uninterrupted_mixture(mixed, tmp_path):
     root, source = mixed
     kill_9_and_resume(tmp_path / "run", source)
