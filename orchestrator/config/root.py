@@ -165,18 +165,13 @@ class Config(_Section):
                              f"trainer uses no device (actor.device must be 'cpu')")
         task = self.task
         if task.own_data and inf.backend == "sim":
-            what = "task.dataset" if task.dataset is not None else "task.datasets"
-            raise ValueError(f"{what} with inference.backend sim: the sim backend generates no "
+            raise ValueError(f"{task.data_key} with inference.backend sim: the sim backend generates no "
                              "text to reward (use torch or vllm)")
-        if task.datasets is not None and self.eval.every_steps \
-                and all(d.eval_path is None for d in task.datasets):
-            raise ValueError(f"eval.every_steps={self.eval.every_steps} with task.datasets needs an "
-                             f"eval_path on a source (or eval.every_steps=0; load_config turns eval "
-                             f"off with a warning)")
-        if task.dataset is not None and self.eval.every_steps and task.eval_dataset is None:
-            raise ValueError(f"eval.every_steps={self.eval.every_steps} with task.dataset needs "
-                             f"task.eval_dataset (or eval.every_steps=0; load_config turns eval off "
-                             f"with a warning)")
+        if task.own_data and self.eval.every_steps and not task.has_eval_data:
+            need = "task.eval_dataset" if task.dataset is not None else "an eval_path on a source"
+            raise ValueError(f"eval.every_steps={self.eval.every_steps} with {task.data_key} needs "
+                             f"{need} (or eval.every_steps=0; load_config turns eval off with a "
+                             f"warning)")
         if len(devices) != len(inf.devices):
             twice = next(d for d in inf.devices if inf.devices.count(d) > 1)
             raise ValueError(f"inference.devices lists device {twice!r} twice (one inference worker "

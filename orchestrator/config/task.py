@@ -145,9 +145,21 @@ class TaskConfig(_Section):
                                                     "naming the environment, exit 1)")
 
     @property
+    def data_key(self) -> Optional[str]:
+        """The key the prompts come from: 'task.dataset', 'task.datasets', or None (built in)."""
+        return "task.dataset" if self.dataset is not None else \
+            "task.datasets" if self.datasets is not None else None
+
+    @property
     def own_data(self) -> bool:
         """Prompts from files (task.dataset or task.datasets), not a built-in task."""
-        return self.dataset is not None or self.datasets is not None
+        return self.data_key is not None
+
+    @property
+    def has_eval_data(self) -> bool:
+        """Eval prompts of your own: task.eval_dataset, or an eval_path on a mixture's source."""
+        return self.eval_dataset is not None or any(d.eval_path is not None
+                                                    for d in self.datasets or ())
 
     @model_validator(mode="after")
     def _dataset_or_builtin(self) -> "TaskConfig":
@@ -157,8 +169,7 @@ class TaskConfig(_Section):
             if "name" not in self.model_fields_set:
                 object.__setattr__(self, "name", "dataset")
             elif self.name != "dataset":
-                what = "task.dataset" if self.dataset is not None else "task.datasets"
-                raise ValueError(f"task.name={self.name!r} and {what} are exclusive (task.name "
+                raise ValueError(f"task.name={self.name!r} and {self.data_key} are exclusive (task.name "
                                  f"is 'dataset' for your own data)")
         elif self.name == "dataset":
             raise ValueError("task.name='dataset' needs task.dataset or task.datasets")

@@ -42,6 +42,11 @@ def _offsets(lengths) -> list[int]:
     return [0] + list(np.cumsum(list(lengths), dtype=np.int64)[:-1].tolist())
 
 
+def _source_at(offsets: list[int], row: int) -> int:
+    """The source whose rows (numbered across sources from `offsets`) hold global row `row`."""
+    return bisect.bisect_right(offsets, int(row)) - 1
+
+
 def source_seed(seed: int, source: int) -> int:
     """The seed of source `source`'s own stream (its epochs' permutations, its eval choice)."""
     return int(np.random.SeedSequence([int(seed), 0x3D2, source]).generate_state(1, np.uint64)[0]
@@ -97,7 +102,7 @@ class Mixture:
         return self.labels[self.draws.locate(index)[0]]
 
     def eval_source(self, row: int) -> str:
-        return self.labels[bisect.bisect_right(self._eval_at, int(row)) - 1]
+        return self.labels[_source_at(self._eval_at, row)]
 
     def train_prompt(self, index: int) -> tuple[int, np.ndarray, int]:
         s, pos = self.draws.locate(index)
@@ -120,7 +125,7 @@ class MixtureRows:
 
     def __call__(self, is_eval: bool, row: int) -> dict:
         at = self._eval_at if is_eval else self._train_at
-        s = bisect.bisect_right(at, int(row)) - 1
+        s = _source_at(at, row)
         ds: Optional[object] = (self.evals if is_eval else self.train)[s]
         got = dict(ds[int(row) - at[s]])
         got["data_source"] = self.labels[s]

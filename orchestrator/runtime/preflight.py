@@ -92,8 +92,8 @@ def _check_context(cfg: Config, sizes: RingSizes) -> None:
         return
     context, source = model_context(cfg)
     if sizes.prompt_tokens >= context:
-        what = (f"task.dataset={cfg.task.dataset}" if cfg.task.dataset else "task.datasets"
-                if cfg.task.datasets else f"task.name={cfg.task.name}")
+        what = f"task.dataset={cfg.task.dataset}" if cfg.task.dataset else \
+            cfg.task.data_key or f"task.name={cfg.task.name}"
         hint = " (task.max_prompt_tokens filters longer ones)" if cfg.task.own_data else ""
         raise ConfigError(f"{what} has prompts of {sizes.prompt_tokens} tokens, which do not fit "
                           f"the model's context of {context} tokens ({source}){hint}")
@@ -311,8 +311,7 @@ def _tokens(cfg: Config, sizes: RingSizes) -> str:
     if cfg.task.name == "sim":
         prompt = f"inference.sim.prompt_tokens={sizes.prompt_tokens}"
     elif cfg.task.own_data:
-        what = "task.dataset" if cfg.task.dataset is not None else "task.datasets"
-        prompt = f"{sizes.prompt_tokens} prompt tokens of {what} (task.max_prompt_tokens)"
+        prompt = f"{sizes.prompt_tokens} prompt tokens of {cfg.task.data_key} (task.max_prompt_tokens)"
     else:
         prompt = f"{sizes.prompt_tokens} prompt tokens of task.name={cfg.task.name}"
     completion = f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
